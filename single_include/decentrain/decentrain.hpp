@@ -28042,7 +28042,7 @@ struct clock_lead {
   }
   bool awaited() const { return sent_s >= 0; }
   // With the clock now and the latest clock the agreement came back with (nullopt: none landed,
-  // or it was not a number): the lengthening of the deadline of the round now running, or where
+  // it was not a number, or this replica's clock is not the group's): the lengthening of the deadline of the round now running, or where
   // `round_end`, of the one it starts; at most `cap_s` (a round's deadline: a lead longer than
   // a round is no drift, and a peer that lies about its clock costs no more than that). 0 where
   // no reading was awaited.
@@ -28059,20 +28059,6 @@ struct clock_lead {
   void sent(double clock_s) {
     sent_s = clock_s;
     waited_s = mark_s >= 0 ? std::max(0.0, mark_s - clock_s) : 0.0;
-  }
-  void save(io::checkpoint& c, const std::string& prefix) const {
-    if (awaited()) save_exact(c, prefix + "lead_sent_s", sent_s);
-    save_exact(c, prefix + "lead_waited_s", waited_s);
-    save_exact(c, prefix + "lead_unseen_s", unseen_s);
-    c.counters[prefix + "lead_through"] = through;
-  }
-  // (a checkpoint without them, written before leads were measured: none awaited)
-  void load(const io::checkpoint& c, const std::string& prefix) {
-    *this = {};
-    sent_s = load_exact(c, prefix + "lead_sent_s", "a clock in seconds").value_or(-1.0);
-    waited_s = load_exact(c, prefix + "lead_waited_s", "a number of seconds").value_or(0.0);
-    unseen_s = load_exact(c, prefix + "lead_unseen_s", "a number of seconds").value_or(0.0);
-    if (c.counters.contains(prefix + "lead_through")) through = c.counter(prefix + "lead_through");
   }
 };
 
@@ -31801,9 +31787,9 @@ struct streaming_diloco {
       }
     }
     const auto ranges = detail::fragment_ranges(ctx.parameters, fragments, pattern);
-    // (the clocks of a group's members count from its forming, a joiner's from its own: its lead
-    // is not measured, and its clock, earlier, never the latest)
-    clock_shared_ = !ctx.joined;
+    // (over TCP the clocks of a group's members count from its forming, a joiner's from its own
+    // joining, for as long as its process runs: its lead is not made up, and it sends no clock)
+    if (ctx.joined) clock_shared_ = false;
     // Started again with a state loaded while it ran (a restore, or a heal, before another fit):
     // its fragments hold that state already.
     if (ctx.resumed && loaded_while_running_) {
@@ -31940,8 +31926,6 @@ struct streaming_diloco {
       const bool agreed = speeds_.pending && speeds_.settle();
       c.counters["comm.streaming_diloco.speed_agreed"] = agreed ? 1 : 0;
       save_exact(c, "comm.streaming_diloco.speed_agreed_s", agreed ? speeds_.values[0] : 0.0);
-      save_exact(c, "comm.streaming_diloco.speed_agreed_clock_s", agreed ? std::max(0.0, speeds_.values[1]) : 0.0);
-      lead_.save(c, "comm.streaming_diloco.");
     }
     if (!eager_.empty()) {
       c.tensors["comm.streaming_diloco.eager"] = flat_tensor(eager_, c);
@@ -31973,10 +31957,10 @@ struct streaming_diloco {
     if (sized_to_speed) {
       speeds_.forget();  // (this replica's own agreement in flight, if any: the state's replaces it)
       speed_.load(c, "comm.streaming_diloco.");
-      speeds_.pending = c.counters.contains("comm.streaming_diloco.speed_agreed") && c.counter("comm.streaming_diloco.speed_agreed") != 0;
+      speeds_.loaded(c.counters.contains("comm.streaming_diloco.speed_agreed") && c.counter("comm.streaming_diloco.speed_agreed") != 0);
       speeds_.values[0] = load_exact(c, "comm.streaming_diloco.speed_agreed_s", "a number of seconds").value_or(0.0);
-      speeds_.values[1] = load_exact(c, "comm.streaming_diloco.speed_agreed_clock_s", "a clock in seconds").value_or(0.0);
-      lead_.load(c, "comm.streaming_diloco.");
+      speeds_.values[1] = 0;  // (no lead is read from a checkpoint: clock_lead)
+      lead_ = {};
     }
     const bool saved_eager = c.tensors.count("comm.streaming_diloco.eager") != 0;
     if (saved_eager) {  // (not cleared first: the state may be a view of these very vectors)
@@ -32323,7 +32307,7 @@ struct streaming_diloco {
     round_.compute_s = seconds("comm.streaming_diloco.tune.round_compute_s");
     round_.ratio = seconds("comm.streaming_diloco.tune.round_ratio");
     round_.steps = c.counters.contains("comm.streaming_diloco.tune.round_steps") ? c.counter("comm.streaming_diloco.tune.round_steps") : 0;
-    measures_.pending = c.counters.contains("comm.streaming_diloco.tune.agreed") && c.counter("comm.streaming_diloco.tune.agreed") != 0;
+    measures_.loaded(c.counters.contains("comm.streaming_diloco.tune.agreed") && c.counter("comm.streaming_diloco.tune.agreed") != 0);
     auto& agreed = measures_.values;
     agreed[0] = seconds("comm.streaming_diloco.tune.agreed_step_s");
     agreed[1] = seconds("comm.streaming_diloco.tune.agreed_ratio");
@@ -32482,14 +32466,21 @@ struct streaming_diloco {
       (void)settle();
       pending = false;
     }
+    // From a checkpoint: `agreed`, the values are an agreement's, to be read (not an earlier
+    // failure's, which forget() remembers).
+    void loaded(bool agreed) {
+      pending = agreed;
+      settled = ok = true;
+    }
   };
   lane_agreement<2> measures_;  // tuned: the last round's seconds per inner step and exchange ratio
   // Sized to speed: the sizing, the slowest replica's seconds per inner step and the latest
-  // clock at a round's end agreed on a lane, and this replica's lead by the clock.
+  // clock (at the cold first step's end, then at a round's end) agreed on a lane, and this
+  // replica's lead by the clock.
   speed_sizing speed_;
   lane_agreement<2> speeds_;
   clock_lead lead_;
-  bool clock_shared_ = true;  // this replica's clock counts from the group's forming (not a joiner's)
+  bool clock_shared_ = true;  // this process's clock counts from the group's forming (it never joined a running group)
   // The settings a first pick replaced (a later fresh start begins from them again).
   struct given_settings {
     std::int64_t inner_steps, fragments, overlap;

@@ -340,7 +340,7 @@ struct clock_lead {
   }
   bool awaited() const { return sent_s >= 0; }
   // With the clock now and the latest clock the agreement came back with (nullopt: none landed,
-  // or it was not a number): the lengthening of the deadline of the round now running, or where
+  // it was not a number, or this replica's clock is not the group's): the lengthening of the deadline of the round now running, or where
   // `round_end`, of the one it starts; at most `cap_s` (a round's deadline: a lead longer than
   // a round is no drift, and a peer that lies about its clock costs no more than that). 0 where
   // no reading was awaited.
@@ -357,20 +357,6 @@ struct clock_lead {
   void sent(double clock_s) {
     sent_s = clock_s;
     waited_s = mark_s >= 0 ? std::max(0.0, mark_s - clock_s) : 0.0;
-  }
-  void save(io::checkpoint& c, const std::string& prefix) const {
-    if (awaited()) save_exact(c, prefix + "lead_sent_s", sent_s);
-    save_exact(c, prefix + "lead_waited_s", waited_s);
-    save_exact(c, prefix + "lead_unseen_s", unseen_s);
-    c.counters[prefix + "lead_through"] = through;
-  }
-  // (a checkpoint without them, written before leads were measured: none awaited)
-  void load(const io::checkpoint& c, const std::string& prefix) {
-    *this = {};
-    sent_s = load_exact(c, prefix + "lead_sent_s", "a clock in seconds").value_or(-1.0);
-    waited_s = load_exact(c, prefix + "lead_waited_s", "a number of seconds").value_or(0.0);
-    unseen_s = load_exact(c, prefix + "lead_unseen_s", "a number of seconds").value_or(0.0);
-    if (c.counters.contains(prefix + "lead_through")) through = c.counter(prefix + "lead_through");
   }
 };
 
