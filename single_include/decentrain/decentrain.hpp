@@ -28018,8 +28018,9 @@ struct speed_sizing {
 // the latest replica's); once it lands, the lead it shows, less what the replica waited since (a
 // landing that held it caught up that much) and less a lengthening the clock sent did not show
 // yet, lengthens the deadline of the round then running. Waits are the clock's time that was not
-// compute, counted step by step, so that of two clocks only the lead's two readings, of one
-// epoch, are ever compared (a resumed run's clock starts again; the waits and the lead do not).
+// compute, counted step by step. Nothing of it is saved: a state loaded (a resume, a state taken
+// from another replica) awaits no reading, as the clocks it would compare are not this run's, and
+// the next round's end sends afresh.
 struct clock_lead {
   double sent_s = -1;    // this replica's clock sent to the agreement, its reading awaited (-1: none)
   double waited_s = 0;   // of its clock since then, the time not computing
@@ -28042,10 +28043,10 @@ struct clock_lead {
   }
   bool awaited() const { return sent_s >= 0; }
   // With the clock now and the latest clock the agreement came back with (nullopt: none landed,
-  // it was not a number, or this replica's clock is not the group's): the lengthening of the deadline of the round now running, or where
-  // `round_end`, of the one it starts; at most `cap_s` (a round's deadline: a lead longer than
-  // a round is no drift, and a peer that lies about its clock costs no more than that). 0 where
-  // no reading was awaited.
+  // it was not a number, or this replica's clock is not the group's): the lengthening of the
+  // deadline of the round now running, or where `round_end`, of the one it starts; at most
+  // `cap_s` (a round's deadline: a lead longer than a round is no drift, and a peer that lies
+  // about its clock costs no more than that). 0 where no reading was awaited.
   double make_up(std::optional<double> latest_s, double clock_s, double cap_s, bool round_end) {
     until(clock_s);
     double lead = 0;

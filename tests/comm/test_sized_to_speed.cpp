@@ -333,7 +333,7 @@ TEST_CASE("streaming_diloco sized_to_speed: timed, a peer that ends rounds ahead
   // deadline, ends each round further ahead of it by the clock, and spends that lead waiting at
   // landings and at the last exchange (the slow peer's cold first step, longer, leaves it ahead
   // too). Its lead rides with the speeds' agreement and lengthens the round running once that
-  // lands: it stays about one round's shortfall ahead, and computes 0.94-0.95 of what the slow
+  // lands: it stays about one round's shortfall ahead, and computes 0.94-0.96 of what the slow
   // peer does (without the making up, 0.71-0.73).
   misjudged_slowest policy;
   static_cast<dt::comm::streaming_diloco<dt::comm::outer::sgd>&>(policy) = streaming_sized(8, 2, 6);
