@@ -25,6 +25,12 @@
 //                         the slowest peer's one, each fragment's average weighed by rows
 //   streaming-homogeneous the same policy unsized on peers at the mean speed for as many steps as
 //                         give the tokens streaming-sized trained (run after it)
+//   streaming-auto        Streaming DiLoCo tuned (the command line's --auto --sized-to-speed): H,
+//                         the fragments, the overlap and the codec (identity, int8, int4) picked
+//                         once the links probed beside the first steps are in, picked again on
+//                         drift; sized to speed (--inner-steps, --fragments, --overlap until the pick)
+//   streaming-auto-homogeneous  the same tuned policy unsized on peers at the mean speed for as
+//                         many steps as give the tokens streaming-auto trained (run after it)
 // The streaming rows are timed, not deterministic: their exchanges run on lanes beside the
 // compute, which the deterministic simulator does not offer. Each peer's compute is its thread's
 // CPU time, its speed scaled so that an inner step at speed 1 moves its clock --step-seconds (one
@@ -138,8 +144,9 @@ row run(const std::string& name, const Comm& comm, const setup& s, const std::ve
     std::fprintf(stderr, " %.2fx %.0f (%.1f%%)", speeds[p], r.peer_inner_steps[p], 100 * before_last[p].utilisation());
   std::fprintf(stderr, "\n");
   for (const auto& c : r.picks)
-    std::fprintf(stderr, "    pick after step %lld (%s): H %lld, %s, exchange %.3f s, %.1f%% busy predicted; step %.4f s, fixed %.3f s, "
-                 "%.3g s/MB\n", static_cast<long long>(c.step), c.why.c_str(), static_cast<long long>(c.inner_steps),
+    std::fprintf(stderr, "    pick after step %lld (%s): H %lld, %lld fragments, overlap %lld, %s, exchange %.3f s, %.1f%% busy "
+                 "predicted; step %.4f s, fixed %.3f s, %.3g s/MB\n", static_cast<long long>(c.step), c.why.c_str(),
+                 static_cast<long long>(c.inner_steps), static_cast<long long>(c.fragments), static_cast<long long>(c.overlap),
                  c.codec_name.c_str(), c.exchange_s, 100 * c.busy, c.measured.step_s, c.measured.fixed_s, 1e6 * c.measured.per_byte_s);
   return r;
 }
@@ -167,6 +174,14 @@ dt::comm::streaming_diloco<dt::comm::outer::nesterov, dt::collective::any_codec>
   p.overlap = s.overlap;
   p.codec = dt::collective::parse_codec(s.codec);
   p.sized_to_speed = sized;
+  return p;
+}
+
+// Tuned as the command line's --auto tunes it: H, P, tau and the codec picked from measures.
+dt::comm::streaming_diloco<dt::comm::outer::nesterov, dt::collective::any_codec> streaming_tuned(const setup& s, bool sized) {
+  auto p = streaming(s, sized);
+  p.tune.emplace();
+  for (const char* spec : {"identity", "int8", "int4"}) p.tune->codecs.push_back(dt::collective::parse_codec(spec));
   return p;
 }
 
@@ -206,6 +221,7 @@ int main(int argc, char** argv) try {
   double sized_tokens_steps = -1;  // inner steps of diloco-sized, all peers together
   double auto_tokens_steps = -1;   // and of diloco-auto
   double streaming_tokens_steps = -1;  // and of streaming-sized
+  double streaming_auto_tokens_steps = -1;  // and of streaming-auto
   // Streaming DiLoCo's exchanges run on lanes beside the compute, which the deterministic
   // simulator does not offer: its rows are timed, an inner step at speed 1 as long as
   // --step-seconds (measured once, when first needed).
@@ -259,10 +275,18 @@ int main(int argc, char** argv) try {
       auto same_tokens = opts;
       same_tokens.steps = std::llround(streaming_tokens_steps / s.peers);
       rows.push_back(run(name, streaming(s, false), timed(), even, recipe.model, same_tokens, recipe.data));
+    } else if (name == "streaming-auto") {
+      rows.push_back(run(name, streaming_tuned(s, true), timed(), s.speeds, recipe.model, opts, recipe.data));
+      streaming_auto_tokens_steps = rows.back().inner_steps;
+    } else if (name == "streaming-auto-homogeneous") {
+      dt::detail::check(streaming_auto_tokens_steps > 0, "bench_heterogeneous: streaming-auto-homogeneous runs after streaming-auto (its tokens)");
+      auto same_tokens = opts;
+      same_tokens.steps = std::llround(streaming_auto_tokens_steps / s.peers);
+      rows.push_back(run(name, streaming_tuned(s, false), timed(), even, recipe.model, same_tokens, recipe.data));
     } else {
       dt::detail::fail("bench_heterogeneous: unknown row '", name, "' (sync, sync-target, sync-homogeneous, diloco-equal, ",
                        "diloco-sized, diloco-homogeneous, diloco-auto, diloco-auto-homogeneous, streaming-equal, ",
-                       "streaming-sized, streaming-homogeneous)");
+                       "streaming-sized, streaming-homogeneous, streaming-auto, streaming-auto-homogeneous)");
     }
   }
 
@@ -300,6 +324,11 @@ int main(int argc, char** argv) try {
                 "within 2%%), every peer >= 95%% busy: %s (the least busy %.1f%%; %.1f%% before the last step)\n",
                 sized->simulated_s / homogeneous->simulated_s, 100 * (sized->val_loss / homogeneous->val_loss - 1),
                 sized->util_lowest >= 0.95 ? "yes" : "no", 100 * sized->util_lowest, 100 * sized->util_lowest_before_last);
+  if (const auto *tuned_row = find("streaming-auto"), *homogeneous = find("streaming-auto-homogeneous"); tuned_row && homogeneous)
+    std::printf("streaming-auto against streaming-auto-homogeneous (the same tokens): time %.3fx (goal <= 1.1x), loss %+.2f%% "
+                "(goal within 2%%), every peer >= 95%% busy: %s (the least busy %.1f%%; %.1f%% before the last step)\n",
+                tuned_row->simulated_s / homogeneous->simulated_s, 100 * (tuned_row->val_loss / homogeneous->val_loss - 1),
+                tuned_row->util_lowest >= 0.95 ? "yes" : "no", 100 * tuned_row->util_lowest, 100 * tuned_row->util_lowest_before_last);
   if (const auto *target = find("sync-target"), *homogeneous = find("sync-homogeneous"); target && homogeneous)
     std::printf("sync-target against sync-homogeneous (the same rows a step): time %.3fx, loss %+.2f%%, the least busy "
                 "peer %.1f%% (sync with equal batches: %s)\n",
@@ -326,6 +355,7 @@ int main(int argc, char** argv) try {
       for (std::size_t k = 0; k < r.picks.size(); ++k) {
         const auto& c = r.picks[k];
         out << (k ? ", " : "") << "{\"step\": " << c.step << ", \"why\": \"" << c.why << "\", \"inner_steps\": " << c.inner_steps
+            << ", \"fragments\": " << c.fragments << ", \"overlap\": " << c.overlap
             << ", \"codec\": \"" << c.codec_name << "\", \"exchange_s\": " << c.exchange_s << ", \"busy\": " << c.busy
             << ", \"step_s\": " << c.measured.step_s << ", \"fixed_s\": " << c.measured.fixed_s << ", \"per_byte_s\": " << c.measured.per_byte_s << "}";
       }

@@ -439,7 +439,7 @@ void declare_train(CLI::App& cmd) {
             "codec that hide each fragment's exchange behind the overlap's inner steps,\n"
             "once the links probed beside the first steps are in (nothing is sent\n"
             "before) and again when the rounds' measures (each exchange timed) are off\n"
-            "by 30%")
+            "by 30%; with --sized-to-speed, work sized to speed as well")
       ->group(comm);
   cli::flag(cmd, "eager",
             "streaming-diloco and diloco: eager updates, an exchange overlaps a whole\n"
@@ -1703,9 +1703,6 @@ int cmd_train(const options& opt) {
   dt::detail::check(!sized_to_speed || ((comm == "diloco" || streaming) && !eager && !moshpit_outer),
                     "--sized-to-speed sizes DiLoCo's rounds: it needs --comm diloco or streaming-diloco (without --eager or "
                     "--outer-averaging moshpit)");
-  dt::detail::check(!opt.flag("sized-to-speed") || !tuned || !streaming, "--auto with --comm streaming-diloco averages every ",
-                    "peer equally and --sized-to-speed weighs them by their rows: they do not go together (--comm diloco --auto ",
-                    "sizes work to speed)");
   const bool deadline = opt.flag("deadline");
   dt::detail::check(!deadline || (opt.flag("sized-to-speed") && comm == "diloco" && overlap == 0 && !tuned && !opt.has("site") &&
                                    (!opt.has("ring-order") || opt.text("ring-order") == "rank")),
@@ -1980,8 +1977,6 @@ int cmd_train(const options& opt) {
     policy.outer_optimizer.momentum = outer_momentum;
     policy.sized_to_speed = sized_to_speed;
     if (tuned) {
-      dt::detail::check(!p.parallel.swarm, "--auto with --comm streaming-diloco averages every peer equally, and --parallel ",
-                        "swarm's pools weigh theirs by the rows each processed: use --comm diloco --auto");
       policy.tune.emplace();
       add_tuned_codecs(opt, p, policy.tune->codecs);
     }

@@ -27905,7 +27905,7 @@ struct speed_sizing {
   std::int64_t round_steps = 0;  // inner steps a whole round was planned at when sized (0: not sized yet)
   double deadline_s = 0;         // compute seconds from the sizing to the round's end (0: not sized)
   double per_step_s = 0;         // this replica's seconds per inner step at the sizing
-  double slowest_s = 0;          // the slowest replica's, agreed at the sizing (not saved: used in the same step)
+  double slowest_s = 0;          // the slowest replica's, agreed at the sizing
   bool agreed = false;           // slowest_s is the agreed figure (a peer's that is not a number: this one's own)
   std::int64_t through = -1;     // the last step counted (a redone after_step counts once)
 
@@ -27960,7 +27960,7 @@ struct speed_sizing {
     const double spent = compute_s;
     next_round_from(slowest, mine, inner_steps, steps_left);
     if (done > 1 && deadline_s > 0)
-      deadline_s = std::max(0.0, deadline_s + static_cast<double>(done) * std::max(slowest_s, per_step_s) - spent);
+      deadline_s = std::max(0.0, deadline_s + static_cast<double>(done) * step_s() - spent);
   }
   // Forgets what was counted since the sizing: a step whose time is not the replica's speed (a
   // run's first: caches filling, memory allocated).
@@ -27978,13 +27978,25 @@ struct speed_sizing {
       round_steps = inner_steps;
       return;
     }
-    const double slowest = std::max(slowest_s, per_step_s);
-    deadline_s = static_cast<double>(steps_left) * slowest;
-    round_steps = std::min(max_ratio * inner_steps,
-                           std::max<std::int64_t>(inner_steps, std::llround(static_cast<double>(inner_steps) * slowest / per_step_s)));
+    deadline_s = static_cast<double>(steps_left) * step_s();
+    plan_round(inner_steps);
+  }
+  // Mid-round, a tuned policy's new rounds (streaming_diloco): the round running now has `more`
+  // steps left than it was sized for (fewer where negative), and its deadline moves by as many
+  // of the slowest replica's steps. What the replica has filled of it so far, and a lead made up
+  // (clock_lead), stay counted. Not sized yet: the first sizing counts the new round.
+  void shift_round(std::int64_t inner_steps, std::int64_t more) {
+    if (round_steps == 0) return;
+    if (deadline_s > 0 && per_step_s > 0 && slowest_s > 0) {
+      deadline_s = std::max(0.0, deadline_s + static_cast<double>(more) * step_s());
+      plan_round(inner_steps);
+    } else {
+      round_steps = inner_steps;
+    }
   }
   void save(io::checkpoint& c, const std::string& prefix) const {
     save_exact(c, prefix + "speed_compute_s", compute_s);
+    save_exact(c, prefix + "speed_slowest_s", slowest_s);
     save_exact(c, prefix + "speed_deadline_s", deadline_s);
     save_exact(c, prefix + "speed_per_step_s", per_step_s);
     c.counters[prefix + "speed_steps"] = steps;
@@ -28001,11 +28013,20 @@ struct speed_sizing {
     compute_s = *seconds;
     deadline_s = load_exact(c, prefix + "speed_deadline_s", "a number of seconds").value_or(0.0);
     per_step_s = load_exact(c, prefix + "speed_per_step_s", "a number of seconds").value_or(0.0);
+    slowest_s = load_exact(c, prefix + "speed_slowest_s", "a number of seconds").value_or(0.0);
     steps = c.counter(prefix + "speed_steps");
     round_steps = c.counter(prefix + "speed_round_steps");
     through = c.counter(prefix + "speed_through");
     decentrain::detail::check(steps >= 0 && round_steps >= 0, "checkpoint: '", prefix, "speed_steps' (", steps, ") or '",
                               prefix, "speed_round_steps' (", round_steps, ") is negative");
+  }
+
+ private:
+  // A step's seconds: the slowest replica's inner step (this one's, where it measured slower).
+  double step_s() const { return std::max(slowest_s, per_step_s); }
+  void plan_round(std::int64_t inner_steps) {
+    round_steps = std::min(max_ratio * inner_steps,
+                           std::max<std::int64_t>(inner_steps, std::llround(static_cast<double>(inner_steps) * step_s() / per_step_s)));
   }
 };
 
@@ -31726,7 +31747,9 @@ struct streaming_diloco {
   // allocates: its time is not the replica's speed; the first round sized from its start once
   // that lands: nobody waits for it) and then at each round's end on a lane beside the
   // next round (read at its end: each round is sized by the speeds of the round before the
-  // last). Every replica the same; not with eager updates nor tune.
+  // last). With tune, a pick's new rounds move the deadline of the round running by the steps
+  // they add to it or take from it (speed_sizing::shift_round). Every replica the same; not with
+  // eager updates.
   bool sized_to_speed = false;
   Outer outer_optimizer{};
   Codec codec{};
@@ -31740,7 +31763,8 @@ struct streaming_diloco {
   // the prediction; agreed by a 16-byte all-reduce in the background, read a round later): the
   // first round with an exchange measured replaces the probe's model, and the pick is made again
   // where the measures are off by more than tune->drift (the exchanges in flight land first).
-  // Every replica the same; not with eager updates nor weighted.
+  // The seconds per inner step are the slowest replica's, which is what a step takes sized to
+  // speed too. Every replica the same; not with eager updates.
   std::optional<auto_tuning<Codec>> tune{};
 
   template <class Ctx>
@@ -31765,8 +31789,8 @@ struct streaming_diloco {
     outer::validate(outer_optimizer, "streaming_diloco");
     if (tune) {
       tune->validate("streaming_diloco");
-      check(!eager && !weighted && !sized_to_speed, "streaming_diloco: tune picks the overlap of exchanges averaged equally: ",
-            eager ? "eager" : weighted ? "weighted" : "sized_to_speed", " does not go with it");
+      check(!eager, "streaming_diloco: tune picks the overlap of each exchange, which eager updates do not have: eager does not go ",
+            "with it");
     }
     prepare_codec(codec, aggregator, ctx,
                   (tune ? ", " + tune->describe() : std::string()) + (sized_to_speed ? ", sized to speed" : ""));
@@ -32062,8 +32086,11 @@ struct streaming_diloco {
   // its end).
   std::int64_t into_round(std::int64_t step) const { return step + 1 - round_from_; }
   bool weighs() const { return weighted || sized_to_speed; }
-  // Sized to speed (not tuned: rounds from step 0): steps of the round from `step` on, `step` included.
-  std::int64_t steps_left(std::int64_t step) const { return inner_steps - step % inner_steps; }
+  // Sized to speed: steps of the round from `step` on, `step` included.
+  std::int64_t steps_left(std::int64_t step) const {
+    const std::int64_t into = (step - round_from_) % inner_steps;
+    return inner_steps - (into < 0 ? into + inner_steps : into);
+  }
 
   // After a step: the exchanges that land now, and those due to start.
   template <class Ctx>
@@ -32221,6 +32248,7 @@ struct streaming_diloco {
     }
     const bool fresh = merges_ == 0 && std::none_of(parts_.begin(), parts_.end(), [](const part& p) { return p.lands_after >= 0; });
     if (!given_ && codec_at_ == own_codec) given_ = given_settings{inner_steps, fragments, overlap, codec};
+    const std::int64_t left_before = steps_left(ctx.step + 1);
     for (auto& p : parts_)
       if (p.lands_after >= 0) land(ctx, p, mix);
     const bool started = std::any_of(parts_.begin(), parts_.end(), [](const part& p) { return p.momentum_started; });
@@ -32229,9 +32257,21 @@ struct streaming_diloco {
     overlap = c.overlap;
     if (at != own_codec && at != codec_at_) codec = tune->codecs[at];
     codec_at_ = at;
+    // Weighed, each new fragment carries the old ones' weight (by their values: a replica's
+    // weight against the others' is its rows' share, much the same over any span of steps).
+    round_weight carried;
+    std::size_t values = 0;
+    for (const auto& p : parts_) {
+      carried.sum += p.weight.sum * static_cast<double>(p.size);
+      carried.through = std::max(carried.through, p.weight.through);
+      values += p.size;
+    }
+    if (values > 0) carried.sum /= static_cast<double>(values);
     cut(cut_for(fragments), false);
+    for (auto& p : parts_) p.weight = carried;
     for (auto& p : parts_) p.momentum_started = started;  // (the flat momentum holds its values)
     round_from_ = fresh ? 0 : ctx.step + 1;
+    if (sized_to_speed) speed_.shift_round(inner_steps, steps_left(ctx.step + 1) - left_before);
     basis_ = recent_ = m;
     round_ = {};
     choices_.push_back(std::move(c));

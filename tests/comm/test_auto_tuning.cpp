@@ -635,3 +635,62 @@ TEST_CASE("streaming_diloco tune: a run stopped mid-round and resumed ends bit f
   eager.eager = true;
   CHECK_THROWS_WITH(run_tuned(eager, 10, -1, 1, nullptr, -1, nullptr, same_speed), Catch::Matchers::Contains("eager does not go with it"));
 }
+
+TEST_CASE("streaming_diloco tune sized to speed: peers of speeds 1, 1, 2, 4 pick alike, the fast ones fill each step after a pick for slowed links too, and a run resumes bit for bit") {
+  // Deterministic (run_tuned: an inner step costs 1 s / speed, an f32 exchange about 10 s).
+  // Sized to speed, each peer takes as many inner steps a step as fit in the slowest one's from
+  // its third step on (the 4x peer 4), and the picks price a step at the slowest replica's inner
+  // step. The links slowed 5x after 60 s bring a pick of other rounds at a round's end: the round
+  // it starts is sized by its own H (speed_sizing::shift_round), and every peer goes on at its
+  // speed's inner steps a step.
+  auto policy = tuned_stream();
+  policy.sized_to_speed = true;
+  const auto run = run_tuned(policy, 100, 60.0, 5.0);
+  for (std::size_t r = 0; r < 4; ++r) {
+    INFO("peer " << r);
+    REQUIRE(run.by_step[r].size() == 100);
+    CHECK(same_picks(run.choices[r], run.choices[0]));
+    CHECK(run.round_ends[r] == run.round_ends[0]);
+    CHECK(run.params[r] == run.params[0]);
+  }
+  REQUIRE(run.choices[0].size() >= 2);
+  const auto& first = run.choices[0][0];
+  const auto& again = run.choices[0][1];
+  INFO("picks: H " << first.inner_steps << ", overlap " << first.overlap << ", " << first.fragments << " fragments, "
+                   << first.codec_name << " after step " << first.step << "; H " << again.inner_steps << ", overlap "
+                   << again.overlap << ", " << again.fragments << " fragments, " << again.codec_name << " after step "
+                   << again.step << " (" << again.why << ")");
+  CHECK((first.step == 0 && first.why == "start"));
+  CHECK(first.measured.step_s == Approx(1.0));  // (the slowest replica's inner step)
+  CHECK(again.why.rfind("drift: link", 0) == 0);
+  REQUIRE(again.inner_steps != first.inner_steps);
+  // From its third step on, each peer takes as many inner steps a step as its speed over the
+  // slowest one's: the slowest one, the 2x two, the 4x four, also in the round the second pick
+  // starts (which, sized by the H before it, would hold twice the inner steps a step for every
+  // peer, or half, where the new H is half or twice the old). Counted from the tokens trained.
+  const std::int64_t one = run.by_step[0][0].tokens;
+  REQUIRE(one > 0);
+  const std::vector<std::int64_t> each{1, 1, 2, 4};
+  for (std::size_t r = 0; r < 4; ++r) {
+    std::vector<std::int64_t> off;  // the steps with another count
+    for (std::size_t k = 2; k < 100; ++k)
+      if (run.by_step[r][k].tokens - run.by_step[r][k - 1].tokens != each[r] * one) off.push_back(static_cast<std::int64_t>(k));
+    INFO("peer " << r << ": steps with other than " << each[r] << " inner steps: " << off.size()
+                 << (off.empty() ? std::string() : ", the first after step " + std::to_string(off.front())));
+    CHECK(off.empty());
+  }
+
+  // Stopped mid-round after the pick (an exchange in flight, the speeds and the round's
+  // measures agreed in the background) and resumed: bit for bit the whole run.
+  const auto whole = run_tuned(policy, 100);
+  REQUIRE(!whole.choices[0].empty());
+  const auto& pick = whole.choices[0][0];
+  const auto stop_at = pick.step + pick.inner_steps + pick.inner_steps / 2;
+  REQUIRE(stop_at < 98);
+  std::vector<dt::io::checkpoint> saved;
+  (void)run_tuned(policy, 100, -1, 1, nullptr, stop_at, &saved);
+  CHECK(saved[3].counter("comm.streaming_diloco.speed_round_steps") == 4 * pick.inner_steps);
+  CHECK(saved[3].counter("comm.streaming_diloco.tune.inner_steps") == pick.inner_steps);
+  const auto resumed = run_tuned(policy, 100, -1, 1, &saved);
+  CHECK(resumed.params == whole.params);
+}

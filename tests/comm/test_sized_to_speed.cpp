@@ -251,13 +251,11 @@ TEST_CASE("streaming_diloco sized_to_speed: a peer 4x as fast takes 4 inner step
   CHECK(plain.by_step[1].back().compute_s == Approx(3.0));
   CHECK(plain.by_step[1].back().clock_s == Approx(12.0));
 
-  // What it refuses: eager updates and tune (nothing is trained: start() checks).
+  // What it refuses: eager updates (nothing is trained: start() checks). With tune:
+  // tests/comm/test_auto_tuning.cpp.
   auto eager = streaming_sized(4, 2, 1);
   eager.eager = true;
   CHECK_THROWS_WITH(train({1, 4}, eager, 2), Catch::Matchers::Contains("sized_to_speed and eager cannot be set together"));
-  auto tuned = streaming_sized(4, 2, 1);
-  tuned.tune.emplace();
-  CHECK_THROWS_WITH(train({1, 4}, tuned, 2), Catch::Matchers::Contains("sized_to_speed does not go with it"));
 }
 
 TEST_CASE("streaming_diloco sized_to_speed: a peer with twice the rows counts twice in a fragment's average") {

@@ -203,7 +203,7 @@ struct speed_sizing {
   std::int64_t round_steps = 0;  // inner steps a whole round was planned at when sized (0: not sized yet)
   double deadline_s = 0;         // compute seconds from the sizing to the round's end (0: not sized)
   double per_step_s = 0;         // this replica's seconds per inner step at the sizing
-  double slowest_s = 0;          // the slowest replica's, agreed at the sizing (not saved: used in the same step)
+  double slowest_s = 0;          // the slowest replica's, agreed at the sizing
   bool agreed = false;           // slowest_s is the agreed figure (a peer's that is not a number: this one's own)
   std::int64_t through = -1;     // the last step counted (a redone after_step counts once)
 
@@ -258,7 +258,7 @@ struct speed_sizing {
     const double spent = compute_s;
     next_round_from(slowest, mine, inner_steps, steps_left);
     if (done > 1 && deadline_s > 0)
-      deadline_s = std::max(0.0, deadline_s + static_cast<double>(done) * std::max(slowest_s, per_step_s) - spent);
+      deadline_s = std::max(0.0, deadline_s + static_cast<double>(done) * step_s() - spent);
   }
   // Forgets what was counted since the sizing: a step whose time is not the replica's speed (a
   // run's first: caches filling, memory allocated).
@@ -276,13 +276,25 @@ struct speed_sizing {
       round_steps = inner_steps;
       return;
     }
-    const double slowest = std::max(slowest_s, per_step_s);
-    deadline_s = static_cast<double>(steps_left) * slowest;
-    round_steps = std::min(max_ratio * inner_steps,
-                           std::max<std::int64_t>(inner_steps, std::llround(static_cast<double>(inner_steps) * slowest / per_step_s)));
+    deadline_s = static_cast<double>(steps_left) * step_s();
+    plan_round(inner_steps);
+  }
+  // Mid-round, a tuned policy's new rounds (streaming_diloco): the round running now has `more`
+  // steps left than it was sized for (fewer where negative), and its deadline moves by as many
+  // of the slowest replica's steps. What the replica has filled of it so far, and a lead made up
+  // (clock_lead), stay counted. Not sized yet: the first sizing counts the new round.
+  void shift_round(std::int64_t inner_steps, std::int64_t more) {
+    if (round_steps == 0) return;
+    if (deadline_s > 0 && per_step_s > 0 && slowest_s > 0) {
+      deadline_s = std::max(0.0, deadline_s + static_cast<double>(more) * step_s());
+      plan_round(inner_steps);
+    } else {
+      round_steps = inner_steps;
+    }
   }
   void save(io::checkpoint& c, const std::string& prefix) const {
     save_exact(c, prefix + "speed_compute_s", compute_s);
+    save_exact(c, prefix + "speed_slowest_s", slowest_s);
     save_exact(c, prefix + "speed_deadline_s", deadline_s);
     save_exact(c, prefix + "speed_per_step_s", per_step_s);
     c.counters[prefix + "speed_steps"] = steps;
@@ -299,11 +311,20 @@ struct speed_sizing {
     compute_s = *seconds;
     deadline_s = load_exact(c, prefix + "speed_deadline_s", "a number of seconds").value_or(0.0);
     per_step_s = load_exact(c, prefix + "speed_per_step_s", "a number of seconds").value_or(0.0);
+    slowest_s = load_exact(c, prefix + "speed_slowest_s", "a number of seconds").value_or(0.0);
     steps = c.counter(prefix + "speed_steps");
     round_steps = c.counter(prefix + "speed_round_steps");
     through = c.counter(prefix + "speed_through");
     decentrain::detail::check(steps >= 0 && round_steps >= 0, "checkpoint: '", prefix, "speed_steps' (", steps, ") or '",
                               prefix, "speed_round_steps' (", round_steps, ") is negative");
+  }
+
+ private:
+  // A step's seconds: the slowest replica's inner step (this one's, where it measured slower).
+  double step_s() const { return std::max(slowest_s, per_step_s); }
+  void plan_round(std::int64_t inner_steps) {
+    round_steps = std::min(max_ratio * inner_steps,
+                           std::max<std::int64_t>(inner_steps, std::llround(static_cast<double>(inner_steps) * step_s() / per_step_s)));
   }
 };
 

@@ -70,7 +70,9 @@ struct streaming_diloco {
   // allocates: its time is not the replica's speed; the first round sized from its start once
   // that lands: nobody waits for it) and then at each round's end on a lane beside the
   // next round (read at its end: each round is sized by the speeds of the round before the
-  // last). Every replica the same; not with eager updates nor tune.
+  // last). With tune, a pick's new rounds move the deadline of the round running by the steps
+  // they add to it or take from it (speed_sizing::shift_round). Every replica the same; not with
+  // eager updates.
   bool sized_to_speed = false;
   Outer outer_optimizer{};
   Codec codec{};
@@ -84,7 +86,8 @@ struct streaming_diloco {
   // the prediction; agreed by a 16-byte all-reduce in the background, read a round later): the
   // first round with an exchange measured replaces the probe's model, and the pick is made again
   // where the measures are off by more than tune->drift (the exchanges in flight land first).
-  // Every replica the same; not with eager updates nor weighted.
+  // The seconds per inner step are the slowest replica's, which is what a step takes sized to
+  // speed too. Every replica the same; not with eager updates.
   std::optional<auto_tuning<Codec>> tune{};
 
   template <class Ctx>
@@ -109,8 +112,8 @@ struct streaming_diloco {
     outer::validate(outer_optimizer, "streaming_diloco");
     if (tune) {
       tune->validate("streaming_diloco");
-      check(!eager && !weighted && !sized_to_speed, "streaming_diloco: tune picks the overlap of exchanges averaged equally: ",
-            eager ? "eager" : weighted ? "weighted" : "sized_to_speed", " does not go with it");
+      check(!eager, "streaming_diloco: tune picks the overlap of each exchange, which eager updates do not have: eager does not go ",
+            "with it");
     }
     prepare_codec(codec, aggregator, ctx,
                   (tune ? ", " + tune->describe() : std::string()) + (sized_to_speed ? ", sized to speed" : ""));
@@ -406,8 +409,11 @@ struct streaming_diloco {
   // its end).
   std::int64_t into_round(std::int64_t step) const { return step + 1 - round_from_; }
   bool weighs() const { return weighted || sized_to_speed; }
-  // Sized to speed (not tuned: rounds from step 0): steps of the round from `step` on, `step` included.
-  std::int64_t steps_left(std::int64_t step) const { return inner_steps - step % inner_steps; }
+  // Sized to speed: steps of the round from `step` on, `step` included.
+  std::int64_t steps_left(std::int64_t step) const {
+    const std::int64_t into = (step - round_from_) % inner_steps;
+    return inner_steps - (into < 0 ? into + inner_steps : into);
+  }
 
   // After a step: the exchanges that land now, and those due to start.
   template <class Ctx>
@@ -565,6 +571,7 @@ struct streaming_diloco {
     }
     const bool fresh = merges_ == 0 && std::none_of(parts_.begin(), parts_.end(), [](const part& p) { return p.lands_after >= 0; });
     if (!given_ && codec_at_ == own_codec) given_ = given_settings{inner_steps, fragments, overlap, codec};
+    const std::int64_t left_before = steps_left(ctx.step + 1);
     for (auto& p : parts_)
       if (p.lands_after >= 0) land(ctx, p, mix);
     const bool started = std::any_of(parts_.begin(), parts_.end(), [](const part& p) { return p.momentum_started; });
@@ -573,9 +580,21 @@ struct streaming_diloco {
     overlap = c.overlap;
     if (at != own_codec && at != codec_at_) codec = tune->codecs[at];
     codec_at_ = at;
+    // Weighed, each new fragment carries the old ones' weight (by their values: a replica's
+    // weight against the others' is its rows' share, much the same over any span of steps).
+    round_weight carried;
+    std::size_t values = 0;
+    for (const auto& p : parts_) {
+      carried.sum += p.weight.sum * static_cast<double>(p.size);
+      carried.through = std::max(carried.through, p.weight.through);
+      values += p.size;
+    }
+    if (values > 0) carried.sum /= static_cast<double>(values);
     cut(cut_for(fragments), false);
+    for (auto& p : parts_) p.weight = carried;
     for (auto& p : parts_) p.momentum_started = started;  // (the flat momentum holds its values)
     round_from_ = fresh ? 0 : ctx.step + 1;
+    if (sized_to_speed) speed_.shift_round(inner_steps, steps_left(ctx.step + 1) - left_before);
     basis_ = recent_ = m;
     round_ = {};
     choices_.push_back(std::move(c));
