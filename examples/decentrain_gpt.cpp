@@ -1792,7 +1792,7 @@ int cmd_train(const options& opt) {
   }
   if (data.tokenizer) data.tokenizer->record(p.checkpoints.text);
   pipeline_settings(opt, p);
-  dt::detail::check(!sized_to_speed || p.parallel.stages() == 1, tuned ? "--auto" : "--sized-to-speed", " gives a peer several ",
+  dt::detail::check(!sized_to_speed || p.parallel.stages() == 1, opt.flag("sized-to-speed") ? "--sized-to-speed" : "--auto", " gives a peer several ",
                     "inner steps in one step, which a peer holding one stage of a pipeline cannot take: it needs --parallel data");
   dt::detail::check(target_batch == 0 || p.parallel.stages() == 1, "--target-batch adds micro-batches up on a peer holding ",
                     "the whole model: it needs --parallel data, not ", opt.text("parallel"));

@@ -281,11 +281,12 @@ struct speed_sizing {
   }
   // Mid-round, a tuned policy's new rounds (streaming_diloco): the round running now has `more`
   // steps left than it was sized for (fewer where negative), and its deadline moves by as many
-  // of the slowest replica's steps. What the replica has filled of it so far, and a lead made up
-  // (clock_lead), stay counted. Not sized yet: the first sizing counts the new round.
+  // of the slowest replica's steps (this replica's own where none is known: a state saved before
+  // the slowest was). What the replica has filled of it so far, and a lead made up (clock_lead),
+  // stay counted. Not sized yet: the first sizing counts the new round.
   void shift_round(std::int64_t inner_steps, std::int64_t more) {
     if (round_steps == 0) return;
-    if (deadline_s > 0 && per_step_s > 0 && slowest_s > 0) {
+    if (deadline_s > 0 && per_step_s > 0) {
       deadline_s = std::max(0.0, deadline_s + static_cast<double>(more) * step_s());
       plan_round(inner_steps);
     } else {
