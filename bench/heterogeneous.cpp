@@ -218,10 +218,15 @@ int main(int argc, char** argv) try {
 
   const auto recipe = bench::shakespeare_recipe::load(path);
   std::vector<row> rows;
-  double sized_tokens_steps = -1;  // inner steps of diloco-sized, all peers together
-  double auto_tokens_steps = -1;   // and of diloco-auto
-  double streaming_tokens_steps = -1;  // and of streaming-sized
-  double streaming_auto_tokens_steps = -1;  // and of streaming-auto
+  // A homogeneous row's options: as many steps as give the tokens the row `of` trained (its
+  // inner steps, all peers together), which must have run before it.
+  const auto same_tokens_as = [&](const std::string& name, const char* of) {
+    const auto it = std::find_if(rows.begin(), rows.end(), [&](const row& r) { return r.name == of; });
+    dt::detail::check(it != rows.end() && it->inner_steps > 0, "bench_heterogeneous: ", name, " runs after ", of, " (its tokens)");
+    auto same = opts;
+    same.steps = std::llround(it->inner_steps / s.peers);
+    return same;
+  };
   // Streaming DiLoCo's exchanges run on lanes beside the compute, which the deterministic
   // simulator does not offer: its rows are timed, an inner step at speed 1 as long as
   // --step-seconds (measured once, when first needed).
@@ -249,41 +254,21 @@ int main(int argc, char** argv) try {
     }
     else if (name == "sync-homogeneous") rows.push_back(run(name, dt::comm::sync_allreduce<>{}, s, even, recipe.model, opts, recipe.data));
     else if (name == "diloco-equal") rows.push_back(run(name, diloco(s, false), s, s.speeds, recipe.model, opts, recipe.data));
-    else if (name == "diloco-sized") {
-      rows.push_back(run(name, diloco(s, true), s, s.speeds, recipe.model, opts, recipe.data));
-      sized_tokens_steps = rows.back().inner_steps;
-    } else if (name == "diloco-homogeneous") {
-      dt::detail::check(sized_tokens_steps > 0, "bench_heterogeneous: diloco-homogeneous runs after diloco-sized (its tokens)");
-      auto same_tokens = opts;
-      same_tokens.steps = std::llround(sized_tokens_steps / s.peers);
-      rows.push_back(run(name, diloco(s, false), s, even, recipe.model, same_tokens, recipe.data));
-    } else if (name == "diloco-auto") {
-      rows.push_back(run(name, tuned(s), s, s.speeds, recipe.model, opts, recipe.data));
-      auto_tokens_steps = rows.back().inner_steps;
-    } else if (name == "diloco-auto-homogeneous") {
-      dt::detail::check(auto_tokens_steps > 0, "bench_heterogeneous: diloco-auto-homogeneous runs after diloco-auto (its tokens)");
-      auto same_tokens = opts;
-      same_tokens.steps = std::llround(auto_tokens_steps / s.peers);
-      rows.push_back(run(name, tuned(s), s, even, recipe.model, same_tokens, recipe.data));
-    } else if (name == "streaming-equal") {
-      rows.push_back(run(name, streaming(s, false), timed(), s.speeds, recipe.model, opts, recipe.data));
-    } else if (name == "streaming-sized") {
-      rows.push_back(run(name, streaming(s, true), timed(), s.speeds, recipe.model, opts, recipe.data));
-      streaming_tokens_steps = rows.back().inner_steps;
-    } else if (name == "streaming-homogeneous") {
-      dt::detail::check(streaming_tokens_steps > 0, "bench_heterogeneous: streaming-homogeneous runs after streaming-sized (its tokens)");
-      auto same_tokens = opts;
-      same_tokens.steps = std::llround(streaming_tokens_steps / s.peers);
-      rows.push_back(run(name, streaming(s, false), timed(), even, recipe.model, same_tokens, recipe.data));
-    } else if (name == "streaming-auto") {
+    else if (name == "diloco-sized") rows.push_back(run(name, diloco(s, true), s, s.speeds, recipe.model, opts, recipe.data));
+    else if (name == "diloco-homogeneous")
+      rows.push_back(run(name, diloco(s, false), s, even, recipe.model, same_tokens_as(name, "diloco-sized"), recipe.data));
+    else if (name == "diloco-auto") rows.push_back(run(name, tuned(s), s, s.speeds, recipe.model, opts, recipe.data));
+    else if (name == "diloco-auto-homogeneous")
+      rows.push_back(run(name, tuned(s), s, even, recipe.model, same_tokens_as(name, "diloco-auto"), recipe.data));
+    else if (name == "streaming-equal") rows.push_back(run(name, streaming(s, false), timed(), s.speeds, recipe.model, opts, recipe.data));
+    else if (name == "streaming-sized") rows.push_back(run(name, streaming(s, true), timed(), s.speeds, recipe.model, opts, recipe.data));
+    else if (name == "streaming-homogeneous")
+      rows.push_back(run(name, streaming(s, false), timed(), even, recipe.model, same_tokens_as(name, "streaming-sized"), recipe.data));
+    else if (name == "streaming-auto")
       rows.push_back(run(name, streaming_tuned(s, true), timed(), s.speeds, recipe.model, opts, recipe.data));
-      streaming_auto_tokens_steps = rows.back().inner_steps;
-    } else if (name == "streaming-auto-homogeneous") {
-      dt::detail::check(streaming_auto_tokens_steps > 0, "bench_heterogeneous: streaming-auto-homogeneous runs after streaming-auto (its tokens)");
-      auto same_tokens = opts;
-      same_tokens.steps = std::llround(streaming_auto_tokens_steps / s.peers);
-      rows.push_back(run(name, streaming_tuned(s, false), timed(), even, recipe.model, same_tokens, recipe.data));
-    } else {
+    else if (name == "streaming-auto-homogeneous")
+      rows.push_back(run(name, streaming_tuned(s, false), timed(), even, recipe.model, same_tokens_as(name, "streaming-auto"), recipe.data));
+    else {
       dt::detail::fail("bench_heterogeneous: unknown row '", name, "' (sync, sync-target, sync-homogeneous, diloco-equal, ",
                        "diloco-sized, diloco-homogeneous, diloco-auto, diloco-auto-homogeneous, streaming-equal, ",
                        "streaming-sized, streaming-homogeneous, streaming-auto, streaming-auto-homogeneous)");
