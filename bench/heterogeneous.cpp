@@ -145,9 +145,10 @@ row run(const std::string& name, const Comm& comm, const setup& s, const std::ve
   std::fprintf(stderr, "\n");
   for (const auto& c : r.picks)
     std::fprintf(stderr, "    pick after step %lld (%s): H %lld, %lld fragments, overlap %lld, %s, exchange %.3f s, %.1f%% busy "
-                 "predicted; step %.4f s, fixed %.3f s, %.3g s/MB\n", static_cast<long long>(c.step), c.why.c_str(),
-                 static_cast<long long>(c.inner_steps), static_cast<long long>(c.fragments), static_cast<long long>(c.overlap),
-                 c.codec_name.c_str(), c.exchange_s, 100 * c.busy, c.measured.step_s, c.measured.fixed_s, 1e6 * c.measured.per_byte_s);
+                 "predicted; step %.4f s, fixed %.3f s, %.3g s/MB (recursive doubling: small %.3f s, %.3g s/MB)\n",
+                 static_cast<long long>(c.step), c.why.c_str(), static_cast<long long>(c.inner_steps), static_cast<long long>(c.fragments),
+                 static_cast<long long>(c.overlap), c.codec_name.c_str(), c.exchange_s, 100 * c.busy, c.measured.step_s,
+                 c.measured.fixed_s, 1e6 * c.measured.per_byte_s, c.measured.small_s, 1e6 * c.measured.rd_per_byte_s);
   return r;
 }
 
@@ -342,7 +343,8 @@ int main(int argc, char** argv) try {
         out << (k ? ", " : "") << "{\"step\": " << c.step << ", \"why\": \"" << c.why << "\", \"inner_steps\": " << c.inner_steps
             << ", \"fragments\": " << c.fragments << ", \"overlap\": " << c.overlap
             << ", \"codec\": \"" << c.codec_name << "\", \"exchange_s\": " << c.exchange_s << ", \"busy\": " << c.busy
-            << ", \"step_s\": " << c.measured.step_s << ", \"fixed_s\": " << c.measured.fixed_s << ", \"per_byte_s\": " << c.measured.per_byte_s << "}";
+            << ", \"step_s\": " << c.measured.step_s << ", \"fixed_s\": " << c.measured.fixed_s << ", \"per_byte_s\": " << c.measured.per_byte_s
+            << ", \"small_s\": " << c.measured.small_s << ", \"rd_per_byte_s\": " << c.measured.rd_per_byte_s << "}";
       }
       out << "]";
     }

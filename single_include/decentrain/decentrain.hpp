@@ -27956,8 +27956,12 @@ struct speed_sizing {
   // inner step a step, while the speeds' agreement was in flight): the deadline counts from the
   // round's start, so a replica that ran ahead meanwhile has that much less to fill. Sized after
   // the round's first step, as a waited-for agreement sizes, the deadline is that of the steps left.
+  // What was counted before the round (a first pick that set rounds shorter than the steps taken
+  // unsized) is no part of it: the round's share of the count, its `done` steps' (each one inner
+  // step), is what it spent.
   void rest_of_round_from(double slowest, double mine, std::int64_t inner_steps, std::int64_t steps_left, std::int64_t done) {
-    const double spent = compute_s;
+    done = std::min(done, steps);
+    const double spent = steps > 0 ? compute_s * static_cast<double>(done) / static_cast<double>(steps) : 0.0;
     next_round_from(slowest, mine, inner_steps, steps_left);
     if (done > 1 && deadline_s > 0)
       deadline_s = std::max(0.0, deadline_s + static_cast<double>(done) * step_s() - spent);
@@ -28817,7 +28821,20 @@ struct tuning_measure {
   // A small all-reduce's seconds (recursive doubling's latencies), where the exchange may take
   // it (exchange_seconds); 0: every exchange priced as above.
   double small_s = 0;
+  // Recursive doubling's seconds per byte of a round's payload (link_probe measures it; 0:
+  // per_byte_s's). Its own: each round sends the whole payload to one partner, and where links
+  // differ each round waits for its slowest pair.
+  double rd_per_byte_s = 0;
 };
+
+// The rounds of recursive doubling among `world` replicas: log2 of the largest power of two in
+// it, and two more where the world is none (the replicas beyond it hand their buffer in first
+// and get the total back last).
+inline double recursive_doubling_rounds(int world) {
+  if (world <= 1) return 0;
+  const auto p = std::bit_floor(static_cast<unsigned>(world));
+  return std::bit_width(p) - 1 + (static_cast<int>(p) == world ? 0 : 2);
+}
 
 // One pick: the settings and what they were picked from.
 struct tuning_choice {
@@ -28842,21 +28859,48 @@ double exchange_bytes(const Codec& codec, std::size_t values, int world) {
   return compress::is_dense(codec) ? 2.0 * (w - 1) / w * payload : (w - 1) * payload;
 }
 
+// Whether an exchange of `values` values through `codec` goes by recursive doubling, as priced
+// by measures `m`: f32 (identity) payloads under `recursive_doubling_below` bytes, as the
+// communicator's automatic all-reduce sends them, where m.small_s was measured.
+template <class Codec>
+bool by_recursive_doubling(const Codec& codec, std::size_t values, const tuning_measure& m, std::size_t recursive_doubling_below) {
+  return m.small_s > 0 && static_cast<double>(codec.max_encoded_bytes(values)) < static_cast<double>(recursive_doubling_below) &&
+         compress::describe(codec) == "identity";
+}
+
+// A ring's latencies by measures `m`: fixed_s less the small all-reduce it counts (a DiLoCo round
+// has one beside its exchange, the sizing's agreement; an exchange alone has none).
+inline double ring_latency_s(const tuning_measure& m) { return std::max(0.0, m.fixed_s - m.small_s); }
+
 // The seconds an exchange of `values` values through `codec` among `world` replicas takes by
-// measures `m`: f32 (identity) payloads under `recursive_doubling_below` bytes go by recursive
-// doubling, as the communicator's automatic all-reduce sends them where m.small_s was measured:
-// its latencies and a payload a round (log2 of the largest power of two in the world, and two
-// more where the world is none); anything else as exchange_bytes prices it.
+// measures `m`: by recursive doubling (by_recursive_doubling), its latencies and a payload a
+// round at its own seconds per byte; anything else by the ring as exchange_bytes counts its
+// bytes, with the ring's latencies.
 template <class Codec>
 double exchange_seconds(const Codec& codec, std::size_t values, int world, const tuning_measure& m, std::size_t recursive_doubling_below) {
   if (world <= 1) return 0;
-  const double payload = static_cast<double>(codec.max_encoded_bytes(values));
-  if (m.small_s > 0 && payload < static_cast<double>(recursive_doubling_below) && compress::describe(codec) == "identity") {
-    const auto p = std::bit_floor(static_cast<unsigned>(world));
-    const double rounds = std::bit_width(p) - 1 + (static_cast<int>(p) == world ? 0 : 2);
-    return m.small_s + m.per_byte_s * rounds * payload;
+  if (by_recursive_doubling(codec, values, m, recursive_doubling_below)) {
+    const double payload = static_cast<double>(codec.max_encoded_bytes(values));
+    return m.small_s + (m.rd_per_byte_s > 0 ? m.rd_per_byte_s : m.per_byte_s) * recursive_doubling_rounds(world) * payload;
   }
-  return m.fixed_s + m.per_byte_s * exchange_bytes(codec, values, world);
+  return ring_latency_s(m) + m.per_byte_s * exchange_bytes(codec, values, world);
+}
+
+// `m` with the figures of the algorithm an exchange took scaled by `ratio` (what it took over
+// what `m` predicted): recursive doubling's latencies and seconds per byte where `rd`, else the
+// ring's; the other algorithm's as they were (an exchange by one says nothing of the other).
+inline tuning_measure scaled_for(tuning_measure m, bool rd, double ratio) {
+  if (rd) {
+    m.rd_per_byte_s = (m.rd_per_byte_s > 0 ? m.rd_per_byte_s : m.per_byte_s) * ratio;
+    const double ring = ring_latency_s(m);  // (kept: small_s is part of fixed_s)
+    m.small_s *= ratio;
+    m.fixed_s = m.small_s + ring;
+  } else {
+    const double ring = ring_latency_s(m);
+    m.fixed_s += ring * (ratio - 1);
+    m.per_byte_s *= ratio;
+  }
+  return m;
 }
 
 template <class Codec>
@@ -29021,16 +29065,20 @@ struct auto_tuning {
   tuning_measure smoothed(const tuning_measure& recent, const tuning_measure& now) const {
     const auto mix = [this](double a, double b) { return a + smoothing * (b - a); };
     return {mix(recent.step_s, now.step_s), mix(recent.fixed_s, now.fixed_s), mix(recent.per_byte_s, now.per_byte_s),
-            mix(recent.small_s, now.small_s)};
+            mix(recent.small_s, now.small_s), mix(recent.rd_per_byte_s, now.rd_per_byte_s)};
   }
   // How far `now` is off `then`, relative, in the measure furthest off, and which: the compute,
   // or the link (the exchange of `bytes` a replica sends, as each predicts it, relative to at
   // least `floor_s`).
   static std::pair<double, const char*> drift_of(const tuning_measure& now, const tuning_measure& then, double bytes,
                                                  double floor_s = 0) {
+    return drift_of(now, then, now.fixed_s + now.per_byte_s * bytes, then.fixed_s + then.per_byte_s * bytes, floor_s);
+  }
+  // The same, with the exchange as each measure predicts it given: `is` by `now`, `was` by `then`.
+  static std::pair<double, const char*> drift_of(const tuning_measure& now, const tuning_measure& then, double is, double was,
+                                                 double floor_s) {
     const auto off = [](double a, double b) { return b > 0 ? std::abs(a / b - 1) : (a > 0 ? 1e300 : 0.0); };
     const double compute = off(now.step_s, then.step_s);
-    const double was = then.fixed_s + then.per_byte_s * bytes, is = now.fixed_s + now.per_byte_s * bytes;
     const double link = was >= floor_s ? off(is, was) : off(floor_s + (is - was), floor_s);
     return compute >= link ? std::pair{compute, "compute"} : std::pair{link, "link"};
   }
@@ -29042,12 +29090,14 @@ inline void save_measure(io::checkpoint& c, const std::string& prefix, const tun
   save_exact(c, prefix + "fixed_s", m.fixed_s);
   save_exact(c, prefix + "per_byte_s", m.per_byte_s);
   if (m.small_s > 0) save_exact(c, prefix + "small_s", m.small_s);
+  if (m.rd_per_byte_s > 0) save_exact(c, prefix + "rd_per_byte_s", m.rd_per_byte_s);
 }
 inline tuning_measure load_measure(const io::checkpoint& c, const std::string& prefix) {
   return {load_exact(c, prefix + "step_s", "a number of seconds").value_or(0.0),
           load_exact(c, prefix + "fixed_s", "a number of seconds").value_or(0.0),
           load_exact(c, prefix + "per_byte_s", "a number of seconds").value_or(0.0),
-          load_exact(c, prefix + "small_s", "a number of seconds").value_or(0.0)};
+          load_exact(c, prefix + "small_s", "a number of seconds").value_or(0.0),
+          load_exact(c, prefix + "rd_per_byte_s", "a number of seconds").value_or(0.0)};
 }
 
 }  // namespace decentrain::comm
@@ -29321,13 +29371,17 @@ struct probed_links {
 
 namespace probing {
 
-// This replica's figures: three all-reduces among `comm`'s replicas, after one that waits for them
-// all: 8 bytes (a small collective's latency), then rings of s and 2s f32 values (s =
-// probe_values, at most `values` / 8, at least 1024), whose difference gives the seconds per byte
-// and whose rest the ring's latency. Returns {a ring's latencies, seconds per byte, a small
-// all-reduce's seconds}.
+// This replica's figures: four all-reduces among `comm`'s replicas, after one that waits for them
+// all: 8 bytes (a small collective's latency); recursive doubling of s f32 values (s =
+// probe_values, at most `values` / 8, at least 1024), whose time beyond the small one's gives its
+// own seconds per byte (each round sends the whole payload to one partner, so where links differ
+// every round meets the slowest peer's connection, which a ring's pieces pipeline past: priced at
+// the ring's seconds per byte, an f32 exchange on `heterogeneous` links took over twice its
+// price); then rings of s and 2s values, whose difference gives the seconds per byte and whose
+// rest the ring's latency. Returns {a ring's latencies and the small all-reduce's, seconds per
+// byte, a small all-reduce's seconds, recursive doubling's seconds per byte of a round's payload}.
 template <class Comm>
-std::array<double, 3> measure(Comm& comm, std::size_t values, std::size_t probe_values) {
+std::array<double, 4> measure(Comm& comm, std::size_t values, std::size_t probe_values) {
   const auto clock = [&comm] { return comm.endpoint().stats().clock_seconds; };
   const std::size_t s = std::max<std::size_t>(1024, std::min(probe_values, values / 8));
   std::vector<float> buffer(2 * s, 0.0f);
@@ -29336,13 +29390,31 @@ std::array<double, 3> measure(Comm& comm, std::size_t values, std::size_t probe_
   const double t0 = clock();
   comm.all_reduce(std::span<double>(&one, 1));
   const double t1 = clock();
-  comm.all_reduce(std::span<float>(buffer.data(), s), collective::reduce_op::sum, collective::algorithm::ring);
+  // (right after the small one, as it leaves the replicas together: after a ring, whose ends
+  // come apart by its hops, recursive doubling's time would count the replicas' waits for the last)
+  comm.all_reduce(std::span<float>(buffer.data(), s), collective::reduce_op::sum, collective::algorithm::recursive_doubling);
   const double t2 = clock();
-  comm.all_reduce(std::span<float>(buffer), collective::reduce_op::sum, collective::algorithm::ring);
+  comm.all_reduce(std::span<float>(buffer.data(), s), collective::reduce_op::sum, collective::algorithm::ring);
   const double t3 = clock();
+  comm.all_reduce(std::span<float>(buffer), collective::reduce_op::sum, collective::algorithm::ring);
+  const double t4 = clock();
   const double w = comm.world(), bytes = 2.0 * (w - 1) / w * 4.0 * static_cast<double>(s);  // a ring's, per replica
-  const double per_byte = std::max(0.0, (t3 - t2) - (t2 - t1)) / bytes;
-  return {std::max(0.0, (t2 - t1) - per_byte * bytes) + (t1 - t0), per_byte, t1 - t0};
+  const double per_byte = std::max(0.0, (t4 - t3) - (t3 - t2)) / bytes;
+  const double rd_bytes = recursive_doubling_rounds(comm.world()) * 4.0 * static_cast<double>(s);
+  return {std::max(0.0, (t3 - t2) - per_byte * bytes) + (t1 - t0), per_byte, t1 - t0, std::max(0.0, (t2 - t1) - (t1 - t0)) / rd_bytes};
+}
+
+// The step by which this replica's clock will have passed the probe's end, `ahead` seconds of its
+// clock away, after `done` steps, at the pace of the steps to come: `per_inner` seconds an inner
+// step times `inner_a_step`, the inner steps each takes. Work sized to speed takes several inner
+// steps a step once its sizing lands (a 4x replica four), where the steps before took one: priced
+// by those, a fast replica would propose about its speed times the steps the others do, and the
+// largest proposal, the step every replica takes the figures after, would come that much later.
+// At `latest` at the most; `done` where nothing is measured.
+inline std::int64_t proposal(std::int64_t done, double ahead, double per_inner, std::int64_t inner_a_step, std::int64_t latest) {
+  const double per_step = per_inner * static_cast<double>(std::max<std::int64_t>(1, inner_a_step));
+  const double steps = per_step > 0 && std::isfinite(ahead / per_step) ? std::ceil(std::max(0.0, ahead) / per_step) : 0.0;
+  return std::max(done, std::min(done + static_cast<std::int64_t>(std::min(steps, 1e9)), latest));
 }
 
 // A peer's nonsense measures nothing.
@@ -29360,7 +29432,7 @@ probed_links probe_links(Comm& comm, std::size_t values, std::size_t probe_value
   auto figures = probing::measure(comm, values, probe_values);
   comm.all_reduce(std::span<double>(figures), collective::reduce_op::max);
   probing::keep_sane(figures);
-  return {{0.0, figures[0], figures[1]}, figures[2]};
+  return {{0.0, figures[0], figures[1], 0.0, figures[3]}, figures[2]};
 }
 
 // The probe beside the first steps. start() runs it on a lane (where the communicator has one;
@@ -29368,8 +29440,10 @@ probed_links probe_links(Comm& comm, std::size_t values, std::size_t probe_value
 // how far it got (after_step). The replicas must take its figures after the same step, which
 // none knows in advance: in the probe's last all-reduce each proposes the step by which its own
 // clock will have passed the probe's end (the steps it took so far, plus, at the pace of its
-// fastest step after the first, the lane's clock ahead of its own and two small all-reduces for
-// that last one to land), and the largest proposal is that step. A replica that reaches its own
+// fastest inner step after the first step times the inner steps its steps take from there on,
+// the lane's clock ahead of its own and two small all-reduces for that last one to land:
+// probing::proposal; sized to speed, once the sizing has landed), and the largest proposal is
+// that step. A replica that reaches its own
 // proposal before the answer came waits for it there, so none passes the step unawares. The
 // slowest replica's compute per inner step (after its first, which warms up) rides in the same
 // all-reduce: the pick made from the figures needs no collective of its own. Without a lane the
@@ -29406,37 +29480,38 @@ class link_probe {
         return;
       }
       const auto f = probing::measure(c, values, probe_values);
-      std::array<double, 5> agreed{f[0], f[1], f[2], 0.0, 0.0};
+      std::array<double, 6> agreed{f[0], f[1], f[2], f[3], 0.0, 0.0};
       {
         std::unique_lock lock(s->mutex);
-        s->moved.wait(lock, [&] { return s->told >= 2 || s->stop || s->waiting; });
+        s->moved.wait(lock, [&] { return (s->told >= 2 && s->inner_a_step > 0) || s->stop || s->waiting; });
         // (the first step, which warms the caches and allocates, left out where there are others)
         const bool later = s->told >= 2;
         const double compute = later ? s->compute_s - s->first_compute_s : s->compute_s;
-        const double steps_timed = static_cast<double>(later ? s->told - 1 : s->told);
         const double inner_timed = static_cast<double>(later ? s->inner - s->first_inner : s->inner);
-        // (the fastest step after the first: steps that speed up after it come to the proposal
-        // sooner than their mean would say, and the replica would wait there)
-        const double per_step = later && s->fastest_s > 0 ? s->fastest_s : steps_timed > 0 ? compute / steps_timed : 0.0;
+        // (the fastest inner step after the first step: steps that speed up after it come to the
+        // proposal sooner than their mean would say, and the replica would wait there)
+        const double per_inner = later && s->fastest_s > 0 ? s->fastest_s : inner_timed > 0 ? compute / inner_timed : 0.0;
         const double ahead = std::max(0.0, c.endpoint().stats().clock_seconds - s->clock_s) + 2 * f[2];
-        const double steps = per_step > 0 && std::isfinite(ahead / per_step) ? std::ceil(ahead / per_step) : 0.0;
         // (a step after the one it saw)
-        s->proposal = std::max(s->done, std::min(s->done + static_cast<std::int64_t>(std::min(steps, 1e9)), latest));
-        agreed[3] = inner_timed > 0 ? compute / inner_timed : 0.0;
-        agreed[4] = static_cast<double>(s->proposal);
+        s->proposal = probing::proposal(s->done, ahead, per_inner, s->inner_a_step, latest);
+        agreed[4] = inner_timed > 0 ? compute / inner_timed : 0.0;
+        agreed[5] = static_cast<double>(s->proposal);
       }
       c.all_reduce(std::span<double>(agreed), collective::reduce_op::max);
-      probing::keep_sane(std::span<double>(agreed).first(4));
-      s->result = {{agreed[3], agreed[0], agreed[1]}, agreed[2]};
-      s->at = static_cast<std::int64_t>(agreed[4]);
+      probing::keep_sane(std::span<double>(agreed).first(5));
+      s->result = {{agreed[4], agreed[0], agreed[1], 0.0, agreed[3]}, agreed[2]};
+      s->at = static_cast<std::int64_t>(agreed[5]);
     });
   }
 
   // On the training thread after each step (`compute_s` its compute over `inner_steps` inner
-  // steps): the figures once this is the step every replica takes them after, else nothing.
-  // Rethrows the probe's failure (a peer lost meanwhile) where it waits for it.
+  // steps; `next_inner` the inner steps each step after it takes, 0 where that is not known yet:
+  // sized to speed, before the sizing lands, the proposal waits for it): the figures once this is
+  // the step every replica takes them after, else nothing. Rethrows the probe's failure (a peer
+  // lost meanwhile) where it waits for it.
   template <class Comm>
-  std::optional<probed_links> after_step(Comm& comm, std::int64_t step, double compute_s, std::int64_t inner_steps) {
+  std::optional<probed_links> after_step(Comm& comm, std::int64_t step, double compute_s, std::int64_t inner_steps,
+                                         std::int64_t next_inner = 1) {
     decentrain::detail::check(state_ != nullptr, "link_probe: after_step without a probe started");
     if (!std::isfinite(compute_s) || compute_s < 0) compute_s = 0;  // (a clock's nonsense measures nothing)
     const std::int64_t inner = std::max<std::int64_t>(1, inner_steps);
@@ -29448,11 +29523,12 @@ class link_probe {
       state_->clock_s = comm.endpoint().stats().clock_seconds;
       state_->compute_s += compute_s;
       state_->inner += inner;
+      state_->inner_a_step = next_inner;
       if (first) {
         state_->first_compute_s = compute_s;
         state_->first_inner = inner;
-      } else if (compute_s > 0 && (state_->fastest_s == 0 || compute_s < state_->fastest_s)) {
-        state_->fastest_s = compute_s;
+      } else if (const double each = compute_s / static_cast<double>(inner); each > 0 && (state_->fastest_s == 0 || each < state_->fastest_s)) {
+        state_->fastest_s = each;
       }
       own = state_->proposal;
     }
@@ -29517,7 +29593,8 @@ class link_probe {
     std::int64_t inner = 0;        // (mutex) their inner steps
     double first_compute_s = 0;    // (mutex) the first step's compute...
     std::int64_t first_inner = 0;  // (mutex) ...and inner steps
-    double fastest_s = 0;          // (mutex) the least compute of a step after the first
+    double fastest_s = 0;          // (mutex) the least compute of an inner step after the first step
+    std::int64_t inner_a_step = 0; // (mutex) the inner steps a step takes from the last one told on (0: not known yet)
     bool stop = false;             // (mutex) forgotten: propose at once
     bool waiting = false;          // (mutex) the replica waits for the answer: propose now
     std::int64_t proposal = -1;    // (mutex) this replica's step, once proposed
@@ -32145,8 +32222,8 @@ struct streaming_diloco {
       if (!speeds_.flight.handle.landed()) return;  // (where it ran here, as without lanes, it sizes now)
       const double mine = speed_.seconds_per_step();
       const auto agreed = take_speeds();
-      // (the steps measured: those since the cold first)
-      speed_.rest_of_round_from(agreed.slowest.value_or(mine), mine, inner_steps, left, inner_steps - left - 1);
+      // (the round's steps measured: those since the cold first, in the round)
+      speed_.rest_of_round_from(agreed.slowest.value_or(mine), mine, inner_steps, left, inner_steps - left);
       speed_.deadline_s += lead_.make_up(shared(agreed.latest), clock_of(ctx), speed_.deadline_s, false);
       return;
     }
@@ -32204,7 +32281,9 @@ struct streaming_diloco {
   template <class Ctx>
   bool first_pick(Ctx& ctx) {
     if (!probe_.running()) probe_.start(ctx.replicas, global_.size(), tune->probe_values, first_pick_by(ctx));
-    const auto probed = probe_.after_step(ctx.replicas, ctx.step, ctx.step_compute_s, ctx.local_steps);
+    // (sized to speed: the steps from here go at the sizing's pace once it has landed)
+    const std::int64_t next_inner = !sized_to_speed ? 1 : speed_.round_steps != 0 ? local_steps(ctx.step + 1) : 0;
+    const auto probed = probe_.after_step(ctx.replicas, ctx.step, ctx.step_compute_s, ctx.local_steps, next_inner);
     if (!probed) return false;
     pick_tried_ = true;
     link_ = probed->link;
@@ -32290,18 +32369,22 @@ struct streaming_diloco {
     if (measures_.take()) {
       const double step_s = measures_.values[0], ratio = measures_.values[1];
       if (step_s > 0 && std::isfinite(step_s) && std::isfinite(ratio) && ratio >= 0) {
-        // (no exchange landed in that round: the link as the measures so far have it)
-        const double scale = ratio > 0 ? ratio : 1.0;
-        const tuning_measure& link = ratio > 0 ? basis_ : recent_;
-        const tuning_measure now{step_s, link.fixed_s * scale, link.per_byte_s * scale, link.small_s * scale};
+        std::size_t largest = 0;
+        for (const auto& p : parts_) largest = std::max(largest, p.size);
+        // The exchanges went by the pick's algorithm (recursive doubling or the ring): its
+        // figures scaled by what they took over the prediction, the other's as they were. (No
+        // exchange landed in that round: the link as the measures so far have it.)
+        const bool rd = by_recursive_doubling(codec, largest, basis_, rd_below(ctx));
+        tuning_measure now = ratio > 0 ? scaled_for(basis_, rd, ratio) : recent_;
+        now.step_s = step_s;
         // Until an exchange was measured, the rounds' figures replace the probe's and the first
         // step's; after that they are smoothed.
         const bool first = !calibrated_;
         recent_ = calibrated_ ? tune->smoothed(recent_, now) : now;
         calibrated_ = calibrated_ || ratio > 0;
-        std::size_t largest = 0;
-        for (const auto& p : parts_) largest = std::max(largest, p.size);
-        const auto [off, what] = auto_tuning<Codec>::drift_of(recent_, basis_, exchange_bytes(codec, largest, ctx.replicas.world()));
+        const int world = ctx.replicas.world();
+        const auto [off, what] = auto_tuning<Codec>::drift_of(recent_, basis_, exchange_seconds(codec, largest, world, recent_, rd_below(ctx)),
+                                                              exchange_seconds(codec, largest, world, basis_, rd_below(ctx)), 0.0);
         if (off > tune->drift) {
           auto c = tune->choose_streaming(recent_, largest_, ctx.replicas.world(), codec, ctx.run_steps, rd_below(ctx));
           c.step = ctx.step;

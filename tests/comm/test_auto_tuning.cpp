@@ -6,6 +6,7 @@
 
 #include <decentrain/decentrain.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -451,7 +452,9 @@ TEST_CASE("streaming_diloco tune: peers agree on H, fragments, overlap and codec
   for (std::size_t r = 0; r < 4; ++r) CHECK(same_picks(slowed.choices[r], slowed.choices[0]));
   REQUIRE(slowed.choices[0].size() >= 2);
   CHECK(slowed.choices[0][1].why.rfind("drift: link", 0) == 0);
-  CHECK(slowed.choices[0][1].measured.per_byte_s > 2 * slowed.choices[0][0].measured.per_byte_s);
+  // (its f32 exchanges went by recursive doubling: that algorithm's seconds per byte scaled, the ring's kept)
+  CHECK(slowed.choices[0][1].measured.rd_per_byte_s > 2 * slowed.choices[0][0].measured.rd_per_byte_s);
+  CHECK(slowed.choices[0][1].measured.per_byte_s == slowed.choices[0][0].measured.per_byte_s);
   // (f32 would need more than the preferred 40 inner steps now: a lossier codec)
   CHECK(slowed.choices[0][1].codec_name != "identity");
   // DiLoCo's pick on the same links and peers: a lossier codec.
@@ -515,7 +518,10 @@ TEST_CASE("streaming_diloco tune: exchanges in the background hide behind the ov
   }
   INFO("picks " << choices[0].size() << ", after steps " << [&] {
     std::string steps;
-    for (const auto& c : choices[0]) steps += " " + std::to_string(c.step);
+    for (const auto& c : choices[0])
+      steps += " " + std::to_string(c.step) + " (H " + std::to_string(c.inner_steps) + ", " + c.why + ", " + c.codec_name +
+               ", exchange " + std::to_string(c.exchange_s) + " s, step " + std::to_string(c.measured.step_s) + " s, busy " +
+               std::to_string(c.busy) + ")";
     return steps;
   }());
   REQUIRE(judged < choices[0].size());
@@ -531,6 +537,84 @@ TEST_CASE("streaming_diloco tune: exchanges in the background hide behind the ov
     INFO("peer " << r << " busy " << busy);
     CHECK(busy > waited_for + 0.05);
   }
+}
+
+TEST_CASE("link_probe: a replica proposes the step its clock passes the probe's end at its latest step's pace, sized to speed too") {
+  // 5 s of clock ahead after 20 steps. The slowest replica: one inner step of 0.1 s a step, 50
+  // steps more. A 4x replica sized to speed: four inner steps of 0.025 s a step, also 0.1 s, and
+  // the same 50 (priced by an unsized step of one inner step, it would propose 200 more).
+  CHECK(dt::comm::probing::proposal(20, 5.0, 0.1, 1, 1000) == 70);
+  CHECK(dt::comm::probing::proposal(20, 5.0, 0.025, 4, 1000) == 70);
+  // Before its sizing lands, one inner step a step: 200 more, as its steps then go.
+  CHECK(dt::comm::probing::proposal(20, 5.0, 0.025, 1, 1000) == 220);
+  // At `latest` at the most, after the step it is at at the least (nothing measured, or nothing ahead).
+  CHECK(dt::comm::probing::proposal(20, 5.0, 0.1, 1, 40) == 40);
+  CHECK(dt::comm::probing::proposal(20, 5.0, 0.0, 1, 1000) == 20);
+  CHECK(dt::comm::probing::proposal(20, 0.0, 0.1, 1, 1000) == 20);
+}
+
+TEST_CASE("link_probe: recursive doubling priced at its own seconds per byte where links differ per peer, and a round's ratio scales that algorithm's figures alone") {
+  // 8 peers on `heterogeneous` links without their drops (deterministic; a drop costs 0.3 s,
+  // noise this checks nothing of): the probe, then an f32 exchange of a 200 KB fragment by
+  // recursive doubling, timed: priced within 15% (0.72 s against 0.64). At the ring's seconds per
+  // byte, as before the probe measured its own, 0.50 s, 21% short (each round sends the whole
+  // payload to one partner, and every round meets the slowest peer's connection, which a ring's
+  // pieces pipeline past; 2.3 times the ring's seconds per byte here).
+  constexpr int world = 8;
+  constexpr std::size_t fragment = 50'000;
+  dt::transport::in_process::options o;
+  o.deterministic = dt::transport::in_process::deterministic_run{};
+  auto links = dt::transport::links::heterogeneous(world);
+  for (int a = 0; a < world; ++a)
+    for (int b = 0; b < world; ++b) links.at(a, b).drop_probability = 0;
+  std::vector<double> took(world), ring_took(world);
+  std::vector<dt::comm::tuning_measure> measured(world);
+  dt::transport::in_process(links, o).run([&](dt::transport::in_process::endpoint& ep) {
+    const auto r = static_cast<std::size_t>(ep.rank());
+    dt::collective::communicator comm(ep);
+    const auto probed = dt::comm::probe_links(comm, 4 * fragment, std::size_t{1} << 17);
+    measured[r] = probed.link;
+    measured[r].small_s = probed.small_s;
+    std::vector<float> x(fragment, 1.0f);
+    comm.barrier();
+    const double t0 = ep.stats().clock_seconds;
+    comm.all_reduce(std::span<float>(x), dt::collective::reduce_op::sum, dt::collective::algorithm::recursive_doubling);
+    took[r] = ep.stats().clock_seconds - t0;
+    comm.barrier();
+    const double t1 = ep.stats().clock_seconds;
+    comm.all_reduce(std::span<float>(x), dt::collective::reduce_op::sum, dt::collective::algorithm::ring);
+    ring_took[r] = ep.stats().clock_seconds - t1;
+  });
+  const auto& m = measured[0];
+  for (const auto& other : measured) CHECK((other.rd_per_byte_s == m.rd_per_byte_s && other.per_byte_s == m.per_byte_s));
+  const dt::collective::any_codec f32;
+  const std::size_t rd_below = std::size_t{1} << 30;
+  const double slowest = *std::max_element(took.begin(), took.end());
+  const double priced = dt::comm::exchange_seconds(f32, fragment, world, m, rd_below);
+  auto by_ring = m;
+  by_ring.rd_per_byte_s = 0;  // (the ring's seconds per byte in its place)
+  const double ring_priced = dt::comm::exchange_seconds(f32, fragment, world, by_ring, rd_below);
+  INFO("took " << slowest << " s; priced " << priced << " s, at the ring's seconds per byte " << ring_priced << " s; "
+               << m.rd_per_byte_s << " against " << m.per_byte_s << " s a byte");
+  CHECK(dt::comm::by_recursive_doubling(f32, fragment, m, rd_below));
+  CHECK(std::abs(priced / slowest - 1) < 0.15);
+  CHECK(ring_priced < 0.85 * slowest);
+  // The same exchange by the ring: its latencies (the probe's fixed part less the small
+  // all-reduce it counts, which a DiLoCo round adds and an exchange alone does not) and bytes,
+  // within 20% (1.71 s against 1.47); with the small all-reduce counted, 2.05 s, 39% over.
+  const double ring_slowest = *std::max_element(ring_took.begin(), ring_took.end());
+  const double ring_price = dt::comm::exchange_seconds(f32, fragment, world, m, 0);
+  const double with_small = m.fixed_s + m.per_byte_s * dt::comm::exchange_bytes(f32, fragment, world);
+  INFO("by the ring: took " << ring_slowest << " s, priced " << ring_price << " s (with the small all-reduce " << with_small << " s)");
+  CHECK(std::abs(ring_price / ring_slowest - 1) < 0.2);
+  CHECK(with_small > 1.3 * ring_slowest);
+  // An exchange that took twice its price scales the algorithm it went by, not the other.
+  const auto rd2 = dt::comm::scaled_for(m, true, 2.0);
+  CHECK(dt::comm::exchange_seconds(f32, fragment, world, rd2, rd_below) == Approx(2 * priced));
+  CHECK(dt::comm::exchange_seconds(f32, fragment, world, rd2, 0) == Approx(dt::comm::exchange_seconds(f32, fragment, world, m, 0)));
+  const auto ring2 = dt::comm::scaled_for(m, false, 2.0);
+  CHECK((ring2.small_s == m.small_s && ring2.rd_per_byte_s == m.rd_per_byte_s));
+  CHECK(dt::comm::exchange_seconds(f32, fragment, world, ring2, 0) == Approx(2 * dt::comm::exchange_seconds(f32, fragment, world, m, 0)));
 }
 
 TEST_CASE("streaming_diloco tune: the start's probe runs beside the first steps, and every peer picks after the same one") {

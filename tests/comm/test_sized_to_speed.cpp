@@ -380,6 +380,28 @@ TEST_CASE("speed_sizing: a step that ran slow is made up by the steps after it, 
   CHECK(dt::comm::speed_sizing{}.share(4) == 1);
 }
 
+TEST_CASE("speed_sizing: the rest of a round sized late counts what its own steps spent, not the steps before it") {
+  // A 4x replica (0.25 s an inner step, the slowest 1 s) took 30 steps unsized (one inner step
+  // each, 7.5 s counted) when the speeds' agreement landed: `done` of them are the round's, which
+  // has `left` steps after this one. The round's deadline: its done + left steps at the slowest
+  // one's second, less the done steps' 0.25 s each.
+  const auto sized_late = [](std::int64_t done, std::int64_t left) {
+    dt::comm::speed_sizing s;
+    s.compute_s = 7.5;
+    s.steps = 30;
+    s.rest_of_round_from(1.0, 0.25, 40, left, done);
+    return s.deadline_s;
+  };
+  // The whole count in the round (the run's first round: 10 steps left of 40).
+  CHECK(sized_late(30, 10) == Approx(10 + 30 - 7.5));
+  // A first pick set rounds of 40 where the steps taken were 10 into the second: 30 left, and 10
+  // steps' 2.5 s spent, not the 7.5 s of all 30 (which would leave 27.5 s, 110 inner steps, for
+  // the 120 of the 30 steps left).
+  CHECK(sized_late(10, 30) == Approx(30 + 10 - 2.5));
+  // More steps said done than counted: those counted.
+  CHECK(sized_late(35, 5) == Approx(5 + 30 - 7.5));
+}
+
 TEST_CASE("diloco sized_to_speed: a round's inner steps spread evenly over its steps, and what it refuses") {
   dt::comm::diloco<> d;
   d.inner_steps = 4;

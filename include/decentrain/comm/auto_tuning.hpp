@@ -44,7 +44,20 @@ struct tuning_measure {
   // A small all-reduce's seconds (recursive doubling's latencies), where the exchange may take
   // it (exchange_seconds); 0: every exchange priced as above.
   double small_s = 0;
+  // Recursive doubling's seconds per byte of a round's payload (link_probe measures it; 0:
+  // per_byte_s's). Its own: each round sends the whole payload to one partner, and where links
+  // differ each round waits for its slowest pair.
+  double rd_per_byte_s = 0;
 };
+
+// The rounds of recursive doubling among `world` replicas: log2 of the largest power of two in
+// it, and two more where the world is none (the replicas beyond it hand their buffer in first
+// and get the total back last).
+inline double recursive_doubling_rounds(int world) {
+  if (world <= 1) return 0;
+  const auto p = std::bit_floor(static_cast<unsigned>(world));
+  return std::bit_width(p) - 1 + (static_cast<int>(p) == world ? 0 : 2);
+}
 
 // One pick: the settings and what they were picked from.
 struct tuning_choice {
@@ -69,21 +82,48 @@ double exchange_bytes(const Codec& codec, std::size_t values, int world) {
   return compress::is_dense(codec) ? 2.0 * (w - 1) / w * payload : (w - 1) * payload;
 }
 
+// Whether an exchange of `values` values through `codec` goes by recursive doubling, as priced
+// by measures `m`: f32 (identity) payloads under `recursive_doubling_below` bytes, as the
+// communicator's automatic all-reduce sends them, where m.small_s was measured.
+template <class Codec>
+bool by_recursive_doubling(const Codec& codec, std::size_t values, const tuning_measure& m, std::size_t recursive_doubling_below) {
+  return m.small_s > 0 && static_cast<double>(codec.max_encoded_bytes(values)) < static_cast<double>(recursive_doubling_below) &&
+         compress::describe(codec) == "identity";
+}
+
+// A ring's latencies by measures `m`: fixed_s less the small all-reduce it counts (a DiLoCo round
+// has one beside its exchange, the sizing's agreement; an exchange alone has none).
+inline double ring_latency_s(const tuning_measure& m) { return std::max(0.0, m.fixed_s - m.small_s); }
+
 // The seconds an exchange of `values` values through `codec` among `world` replicas takes by
-// measures `m`: f32 (identity) payloads under `recursive_doubling_below` bytes go by recursive
-// doubling, as the communicator's automatic all-reduce sends them where m.small_s was measured:
-// its latencies and a payload a round (log2 of the largest power of two in the world, and two
-// more where the world is none); anything else as exchange_bytes prices it.
+// measures `m`: by recursive doubling (by_recursive_doubling), its latencies and a payload a
+// round at its own seconds per byte; anything else by the ring as exchange_bytes counts its
+// bytes, with the ring's latencies.
 template <class Codec>
 double exchange_seconds(const Codec& codec, std::size_t values, int world, const tuning_measure& m, std::size_t recursive_doubling_below) {
   if (world <= 1) return 0;
-  const double payload = static_cast<double>(codec.max_encoded_bytes(values));
-  if (m.small_s > 0 && payload < static_cast<double>(recursive_doubling_below) && compress::describe(codec) == "identity") {
-    const auto p = std::bit_floor(static_cast<unsigned>(world));
-    const double rounds = std::bit_width(p) - 1 + (static_cast<int>(p) == world ? 0 : 2);
-    return m.small_s + m.per_byte_s * rounds * payload;
+  if (by_recursive_doubling(codec, values, m, recursive_doubling_below)) {
+    const double payload = static_cast<double>(codec.max_encoded_bytes(values));
+    return m.small_s + (m.rd_per_byte_s > 0 ? m.rd_per_byte_s : m.per_byte_s) * recursive_doubling_rounds(world) * payload;
   }
-  return m.fixed_s + m.per_byte_s * exchange_bytes(codec, values, world);
+  return ring_latency_s(m) + m.per_byte_s * exchange_bytes(codec, values, world);
+}
+
+// `m` with the figures of the algorithm an exchange took scaled by `ratio` (what it took over
+// what `m` predicted): recursive doubling's latencies and seconds per byte where `rd`, else the
+// ring's; the other algorithm's as they were (an exchange by one says nothing of the other).
+inline tuning_measure scaled_for(tuning_measure m, bool rd, double ratio) {
+  if (rd) {
+    m.rd_per_byte_s = (m.rd_per_byte_s > 0 ? m.rd_per_byte_s : m.per_byte_s) * ratio;
+    const double ring = ring_latency_s(m);  // (kept: small_s is part of fixed_s)
+    m.small_s *= ratio;
+    m.fixed_s = m.small_s + ring;
+  } else {
+    const double ring = ring_latency_s(m);
+    m.fixed_s += ring * (ratio - 1);
+    m.per_byte_s *= ratio;
+  }
+  return m;
 }
 
 template <class Codec>
@@ -248,16 +288,20 @@ struct auto_tuning {
   tuning_measure smoothed(const tuning_measure& recent, const tuning_measure& now) const {
     const auto mix = [this](double a, double b) { return a + smoothing * (b - a); };
     return {mix(recent.step_s, now.step_s), mix(recent.fixed_s, now.fixed_s), mix(recent.per_byte_s, now.per_byte_s),
-            mix(recent.small_s, now.small_s)};
+            mix(recent.small_s, now.small_s), mix(recent.rd_per_byte_s, now.rd_per_byte_s)};
   }
   // How far `now` is off `then`, relative, in the measure furthest off, and which: the compute,
   // or the link (the exchange of `bytes` a replica sends, as each predicts it, relative to at
   // least `floor_s`).
   static std::pair<double, const char*> drift_of(const tuning_measure& now, const tuning_measure& then, double bytes,
                                                  double floor_s = 0) {
+    return drift_of(now, then, now.fixed_s + now.per_byte_s * bytes, then.fixed_s + then.per_byte_s * bytes, floor_s);
+  }
+  // The same, with the exchange as each measure predicts it given: `is` by `now`, `was` by `then`.
+  static std::pair<double, const char*> drift_of(const tuning_measure& now, const tuning_measure& then, double is, double was,
+                                                 double floor_s) {
     const auto off = [](double a, double b) { return b > 0 ? std::abs(a / b - 1) : (a > 0 ? 1e300 : 0.0); };
     const double compute = off(now.step_s, then.step_s);
-    const double was = then.fixed_s + then.per_byte_s * bytes, is = now.fixed_s + now.per_byte_s * bytes;
     const double link = was >= floor_s ? off(is, was) : off(floor_s + (is - was), floor_s);
     return compute >= link ? std::pair{compute, "compute"} : std::pair{link, "link"};
   }
@@ -269,12 +313,14 @@ inline void save_measure(io::checkpoint& c, const std::string& prefix, const tun
   save_exact(c, prefix + "fixed_s", m.fixed_s);
   save_exact(c, prefix + "per_byte_s", m.per_byte_s);
   if (m.small_s > 0) save_exact(c, prefix + "small_s", m.small_s);
+  if (m.rd_per_byte_s > 0) save_exact(c, prefix + "rd_per_byte_s", m.rd_per_byte_s);
 }
 inline tuning_measure load_measure(const io::checkpoint& c, const std::string& prefix) {
   return {load_exact(c, prefix + "step_s", "a number of seconds").value_or(0.0),
           load_exact(c, prefix + "fixed_s", "a number of seconds").value_or(0.0),
           load_exact(c, prefix + "per_byte_s", "a number of seconds").value_or(0.0),
-          load_exact(c, prefix + "small_s", "a number of seconds").value_or(0.0)};
+          load_exact(c, prefix + "small_s", "a number of seconds").value_or(0.0),
+          load_exact(c, prefix + "rd_per_byte_s", "a number of seconds").value_or(0.0)};
 }
 
 }  // namespace decentrain::comm

@@ -31,13 +31,17 @@ struct probed_links {
 
 namespace probing {
 
-// This replica's figures: three all-reduces among `comm`'s replicas, after one that waits for them
-// all: 8 bytes (a small collective's latency), then rings of s and 2s f32 values (s =
-// probe_values, at most `values` / 8, at least 1024), whose difference gives the seconds per byte
-// and whose rest the ring's latency. Returns {a ring's latencies, seconds per byte, a small
-// all-reduce's seconds}.
+// This replica's figures: four all-reduces among `comm`'s replicas, after one that waits for them
+// all: 8 bytes (a small collective's latency); recursive doubling of s f32 values (s =
+// probe_values, at most `values` / 8, at least 1024), whose time beyond the small one's gives its
+// own seconds per byte (each round sends the whole payload to one partner, so where links differ
+// every round meets the slowest peer's connection, which a ring's pieces pipeline past: priced at
+// the ring's seconds per byte, an f32 exchange on `heterogeneous` links took over twice its
+// price); then rings of s and 2s values, whose difference gives the seconds per byte and whose
+// rest the ring's latency. Returns {a ring's latencies and the small all-reduce's, seconds per
+// byte, a small all-reduce's seconds, recursive doubling's seconds per byte of a round's payload}.
 template <class Comm>
-std::array<double, 3> measure(Comm& comm, std::size_t values, std::size_t probe_values) {
+std::array<double, 4> measure(Comm& comm, std::size_t values, std::size_t probe_values) {
   const auto clock = [&comm] { return comm.endpoint().stats().clock_seconds; };
   const std::size_t s = std::max<std::size_t>(1024, std::min(probe_values, values / 8));
   std::vector<float> buffer(2 * s, 0.0f);
@@ -46,13 +50,31 @@ std::array<double, 3> measure(Comm& comm, std::size_t values, std::size_t probe_
   const double t0 = clock();
   comm.all_reduce(std::span<double>(&one, 1));
   const double t1 = clock();
-  comm.all_reduce(std::span<float>(buffer.data(), s), collective::reduce_op::sum, collective::algorithm::ring);
+  // (right after the small one, as it leaves the replicas together: after a ring, whose ends
+  // come apart by its hops, recursive doubling's time would count the replicas' waits for the last)
+  comm.all_reduce(std::span<float>(buffer.data(), s), collective::reduce_op::sum, collective::algorithm::recursive_doubling);
   const double t2 = clock();
-  comm.all_reduce(std::span<float>(buffer), collective::reduce_op::sum, collective::algorithm::ring);
+  comm.all_reduce(std::span<float>(buffer.data(), s), collective::reduce_op::sum, collective::algorithm::ring);
   const double t3 = clock();
+  comm.all_reduce(std::span<float>(buffer), collective::reduce_op::sum, collective::algorithm::ring);
+  const double t4 = clock();
   const double w = comm.world(), bytes = 2.0 * (w - 1) / w * 4.0 * static_cast<double>(s);  // a ring's, per replica
-  const double per_byte = std::max(0.0, (t3 - t2) - (t2 - t1)) / bytes;
-  return {std::max(0.0, (t2 - t1) - per_byte * bytes) + (t1 - t0), per_byte, t1 - t0};
+  const double per_byte = std::max(0.0, (t4 - t3) - (t3 - t2)) / bytes;
+  const double rd_bytes = recursive_doubling_rounds(comm.world()) * 4.0 * static_cast<double>(s);
+  return {std::max(0.0, (t3 - t2) - per_byte * bytes) + (t1 - t0), per_byte, t1 - t0, std::max(0.0, (t2 - t1) - (t1 - t0)) / rd_bytes};
+}
+
+// The step by which this replica's clock will have passed the probe's end, `ahead` seconds of its
+// clock away, after `done` steps, at the pace of the steps to come: `per_inner` seconds an inner
+// step times `inner_a_step`, the inner steps each takes. Work sized to speed takes several inner
+// steps a step once its sizing lands (a 4x replica four), where the steps before took one: priced
+// by those, a fast replica would propose about its speed times the steps the others do, and the
+// largest proposal, the step every replica takes the figures after, would come that much later.
+// At `latest` at the most; `done` where nothing is measured.
+inline std::int64_t proposal(std::int64_t done, double ahead, double per_inner, std::int64_t inner_a_step, std::int64_t latest) {
+  const double per_step = per_inner * static_cast<double>(std::max<std::int64_t>(1, inner_a_step));
+  const double steps = per_step > 0 && std::isfinite(ahead / per_step) ? std::ceil(std::max(0.0, ahead) / per_step) : 0.0;
+  return std::max(done, std::min(done + static_cast<std::int64_t>(std::min(steps, 1e9)), latest));
 }
 
 // A peer's nonsense measures nothing.
@@ -70,7 +92,7 @@ probed_links probe_links(Comm& comm, std::size_t values, std::size_t probe_value
   auto figures = probing::measure(comm, values, probe_values);
   comm.all_reduce(std::span<double>(figures), collective::reduce_op::max);
   probing::keep_sane(figures);
-  return {{0.0, figures[0], figures[1]}, figures[2]};
+  return {{0.0, figures[0], figures[1], 0.0, figures[3]}, figures[2]};
 }
 
 // The probe beside the first steps. start() runs it on a lane (where the communicator has one;
@@ -78,8 +100,10 @@ probed_links probe_links(Comm& comm, std::size_t values, std::size_t probe_value
 // how far it got (after_step). The replicas must take its figures after the same step, which
 // none knows in advance: in the probe's last all-reduce each proposes the step by which its own
 // clock will have passed the probe's end (the steps it took so far, plus, at the pace of its
-// fastest step after the first, the lane's clock ahead of its own and two small all-reduces for
-// that last one to land), and the largest proposal is that step. A replica that reaches its own
+// fastest inner step after the first step times the inner steps its steps take from there on,
+// the lane's clock ahead of its own and two small all-reduces for that last one to land:
+// probing::proposal; sized to speed, once the sizing has landed), and the largest proposal is
+// that step. A replica that reaches its own
 // proposal before the answer came waits for it there, so none passes the step unawares. The
 // slowest replica's compute per inner step (after its first, which warms up) rides in the same
 // all-reduce: the pick made from the figures needs no collective of its own. Without a lane the
@@ -116,37 +140,38 @@ class link_probe {
         return;
       }
       const auto f = probing::measure(c, values, probe_values);
-      std::array<double, 5> agreed{f[0], f[1], f[2], 0.0, 0.0};
+      std::array<double, 6> agreed{f[0], f[1], f[2], f[3], 0.0, 0.0};
       {
         std::unique_lock lock(s->mutex);
-        s->moved.wait(lock, [&] { return s->told >= 2 || s->stop || s->waiting; });
+        s->moved.wait(lock, [&] { return (s->told >= 2 && s->inner_a_step > 0) || s->stop || s->waiting; });
         // (the first step, which warms the caches and allocates, left out where there are others)
         const bool later = s->told >= 2;
         const double compute = later ? s->compute_s - s->first_compute_s : s->compute_s;
-        const double steps_timed = static_cast<double>(later ? s->told - 1 : s->told);
         const double inner_timed = static_cast<double>(later ? s->inner - s->first_inner : s->inner);
-        // (the fastest step after the first: steps that speed up after it come to the proposal
-        // sooner than their mean would say, and the replica would wait there)
-        const double per_step = later && s->fastest_s > 0 ? s->fastest_s : steps_timed > 0 ? compute / steps_timed : 0.0;
+        // (the fastest inner step after the first step: steps that speed up after it come to the
+        // proposal sooner than their mean would say, and the replica would wait there)
+        const double per_inner = later && s->fastest_s > 0 ? s->fastest_s : inner_timed > 0 ? compute / inner_timed : 0.0;
         const double ahead = std::max(0.0, c.endpoint().stats().clock_seconds - s->clock_s) + 2 * f[2];
-        const double steps = per_step > 0 && std::isfinite(ahead / per_step) ? std::ceil(ahead / per_step) : 0.0;
         // (a step after the one it saw)
-        s->proposal = std::max(s->done, std::min(s->done + static_cast<std::int64_t>(std::min(steps, 1e9)), latest));
-        agreed[3] = inner_timed > 0 ? compute / inner_timed : 0.0;
-        agreed[4] = static_cast<double>(s->proposal);
+        s->proposal = probing::proposal(s->done, ahead, per_inner, s->inner_a_step, latest);
+        agreed[4] = inner_timed > 0 ? compute / inner_timed : 0.0;
+        agreed[5] = static_cast<double>(s->proposal);
       }
       c.all_reduce(std::span<double>(agreed), collective::reduce_op::max);
-      probing::keep_sane(std::span<double>(agreed).first(4));
-      s->result = {{agreed[3], agreed[0], agreed[1]}, agreed[2]};
-      s->at = static_cast<std::int64_t>(agreed[4]);
+      probing::keep_sane(std::span<double>(agreed).first(5));
+      s->result = {{agreed[4], agreed[0], agreed[1], 0.0, agreed[3]}, agreed[2]};
+      s->at = static_cast<std::int64_t>(agreed[5]);
     });
   }
 
   // On the training thread after each step (`compute_s` its compute over `inner_steps` inner
-  // steps): the figures once this is the step every replica takes them after, else nothing.
-  // Rethrows the probe's failure (a peer lost meanwhile) where it waits for it.
+  // steps; `next_inner` the inner steps each step after it takes, 0 where that is not known yet:
+  // sized to speed, before the sizing lands, the proposal waits for it): the figures once this is
+  // the step every replica takes them after, else nothing. Rethrows the probe's failure (a peer
+  // lost meanwhile) where it waits for it.
   template <class Comm>
-  std::optional<probed_links> after_step(Comm& comm, std::int64_t step, double compute_s, std::int64_t inner_steps) {
+  std::optional<probed_links> after_step(Comm& comm, std::int64_t step, double compute_s, std::int64_t inner_steps,
+                                         std::int64_t next_inner = 1) {
     decentrain::detail::check(state_ != nullptr, "link_probe: after_step without a probe started");
     if (!std::isfinite(compute_s) || compute_s < 0) compute_s = 0;  // (a clock's nonsense measures nothing)
     const std::int64_t inner = std::max<std::int64_t>(1, inner_steps);
@@ -158,11 +183,12 @@ class link_probe {
       state_->clock_s = comm.endpoint().stats().clock_seconds;
       state_->compute_s += compute_s;
       state_->inner += inner;
+      state_->inner_a_step = next_inner;
       if (first) {
         state_->first_compute_s = compute_s;
         state_->first_inner = inner;
-      } else if (compute_s > 0 && (state_->fastest_s == 0 || compute_s < state_->fastest_s)) {
-        state_->fastest_s = compute_s;
+      } else if (const double each = compute_s / static_cast<double>(inner); each > 0 && (state_->fastest_s == 0 || each < state_->fastest_s)) {
+        state_->fastest_s = each;
       }
       own = state_->proposal;
     }
@@ -227,7 +253,8 @@ class link_probe {
     std::int64_t inner = 0;        // (mutex) their inner steps
     double first_compute_s = 0;    // (mutex) the first step's compute...
     std::int64_t first_inner = 0;  // (mutex) ...and inner steps
-    double fastest_s = 0;          // (mutex) the least compute of a step after the first
+    double fastest_s = 0;          // (mutex) the least compute of an inner step after the first step
+    std::int64_t inner_a_step = 0; // (mutex) the inner steps a step takes from the last one told on (0: not known yet)
     bool stop = false;             // (mutex) forgotten: propose at once
     bool waiting = false;          // (mutex) the replica waits for the answer: propose now
     std::int64_t proposal = -1;    // (mutex) this replica's step, once proposed

@@ -254,8 +254,12 @@ struct speed_sizing {
   // inner step a step, while the speeds' agreement was in flight): the deadline counts from the
   // round's start, so a replica that ran ahead meanwhile has that much less to fill. Sized after
   // the round's first step, as a waited-for agreement sizes, the deadline is that of the steps left.
+  // What was counted before the round (a first pick that set rounds shorter than the steps taken
+  // unsized) is no part of it: the round's share of the count, its `done` steps' (each one inner
+  // step), is what it spent.
   void rest_of_round_from(double slowest, double mine, std::int64_t inner_steps, std::int64_t steps_left, std::int64_t done) {
-    const double spent = compute_s;
+    done = std::min(done, steps);
+    const double spent = steps > 0 ? compute_s * static_cast<double>(done) / static_cast<double>(steps) : 0.0;
     next_round_from(slowest, mine, inner_steps, steps_left);
     if (done > 1 && deadline_s > 0)
       deadline_s = std::max(0.0, deadline_s + static_cast<double>(done) * step_s() - spent);

@@ -467,8 +467,8 @@ struct streaming_diloco {
       if (!speeds_.flight.handle.landed()) return;  // (where it ran here, as without lanes, it sizes now)
       const double mine = speed_.seconds_per_step();
       const auto agreed = take_speeds();
-      // (the steps measured: those since the cold first)
-      speed_.rest_of_round_from(agreed.slowest.value_or(mine), mine, inner_steps, left, inner_steps - left - 1);
+      // (the round's steps measured: those since the cold first, in the round)
+      speed_.rest_of_round_from(agreed.slowest.value_or(mine), mine, inner_steps, left, inner_steps - left);
       speed_.deadline_s += lead_.make_up(shared(agreed.latest), clock_of(ctx), speed_.deadline_s, false);
       return;
     }
@@ -526,7 +526,9 @@ struct streaming_diloco {
   template <class Ctx>
   bool first_pick(Ctx& ctx) {
     if (!probe_.running()) probe_.start(ctx.replicas, global_.size(), tune->probe_values, first_pick_by(ctx));
-    const auto probed = probe_.after_step(ctx.replicas, ctx.step, ctx.step_compute_s, ctx.local_steps);
+    // (sized to speed: the steps from here go at the sizing's pace once it has landed)
+    const std::int64_t next_inner = !sized_to_speed ? 1 : speed_.round_steps != 0 ? local_steps(ctx.step + 1) : 0;
+    const auto probed = probe_.after_step(ctx.replicas, ctx.step, ctx.step_compute_s, ctx.local_steps, next_inner);
     if (!probed) return false;
     pick_tried_ = true;
     link_ = probed->link;
@@ -612,18 +614,22 @@ struct streaming_diloco {
     if (measures_.take()) {
       const double step_s = measures_.values[0], ratio = measures_.values[1];
       if (step_s > 0 && std::isfinite(step_s) && std::isfinite(ratio) && ratio >= 0) {
-        // (no exchange landed in that round: the link as the measures so far have it)
-        const double scale = ratio > 0 ? ratio : 1.0;
-        const tuning_measure& link = ratio > 0 ? basis_ : recent_;
-        const tuning_measure now{step_s, link.fixed_s * scale, link.per_byte_s * scale, link.small_s * scale};
+        std::size_t largest = 0;
+        for (const auto& p : parts_) largest = std::max(largest, p.size);
+        // The exchanges went by the pick's algorithm (recursive doubling or the ring): its
+        // figures scaled by what they took over the prediction, the other's as they were. (No
+        // exchange landed in that round: the link as the measures so far have it.)
+        const bool rd = by_recursive_doubling(codec, largest, basis_, rd_below(ctx));
+        tuning_measure now = ratio > 0 ? scaled_for(basis_, rd, ratio) : recent_;
+        now.step_s = step_s;
         // Until an exchange was measured, the rounds' figures replace the probe's and the first
         // step's; after that they are smoothed.
         const bool first = !calibrated_;
         recent_ = calibrated_ ? tune->smoothed(recent_, now) : now;
         calibrated_ = calibrated_ || ratio > 0;
-        std::size_t largest = 0;
-        for (const auto& p : parts_) largest = std::max(largest, p.size);
-        const auto [off, what] = auto_tuning<Codec>::drift_of(recent_, basis_, exchange_bytes(codec, largest, ctx.replicas.world()));
+        const int world = ctx.replicas.world();
+        const auto [off, what] = auto_tuning<Codec>::drift_of(recent_, basis_, exchange_seconds(codec, largest, world, recent_, rd_below(ctx)),
+                                                              exchange_seconds(codec, largest, world, basis_, rd_below(ctx)), 0.0);
         if (off > tune->drift) {
           auto c = tune->choose_streaming(recent_, largest_, ctx.replicas.world(), codec, ctx.run_steps, rd_below(ctx));
           c.step = ctx.step;
