@@ -28868,6 +28868,9 @@ bool by_recursive_doubling(const Codec& codec, std::size_t values, const tuning_
          compress::describe(codec) == "identity";
 }
 
+// Recursive doubling's seconds per byte by measures `m` (the ring's where it was not measured).
+inline double rd_per_byte(const tuning_measure& m) { return m.rd_per_byte_s > 0 ? m.rd_per_byte_s : m.per_byte_s; }
+
 // A ring's latencies by measures `m`: fixed_s less the small all-reduce it counts (a DiLoCo round
 // has one beside its exchange, the sizing's agreement; an exchange alone has none).
 inline double ring_latency_s(const tuning_measure& m) { return std::max(0.0, m.fixed_s - m.small_s); }
@@ -28881,7 +28884,7 @@ double exchange_seconds(const Codec& codec, std::size_t values, int world, const
   if (world <= 1) return 0;
   if (by_recursive_doubling(codec, values, m, recursive_doubling_below)) {
     const double payload = static_cast<double>(codec.max_encoded_bytes(values));
-    return m.small_s + (m.rd_per_byte_s > 0 ? m.rd_per_byte_s : m.per_byte_s) * recursive_doubling_rounds(world) * payload;
+    return m.small_s + rd_per_byte(m) * recursive_doubling_rounds(world) * payload;
   }
   return ring_latency_s(m) + m.per_byte_s * exchange_bytes(codec, values, world);
 }
@@ -28891,7 +28894,7 @@ double exchange_seconds(const Codec& codec, std::size_t values, int world, const
 // ring's; the other algorithm's as they were (an exchange by one says nothing of the other).
 inline tuning_measure scaled_for(tuning_measure m, bool rd, double ratio) {
   if (rd) {
-    m.rd_per_byte_s = (m.rd_per_byte_s > 0 ? m.rd_per_byte_s : m.per_byte_s) * ratio;
+    m.rd_per_byte_s = rd_per_byte(m) * ratio;
     const double ring = ring_latency_s(m);  // (kept: small_s is part of fixed_s)
     m.small_s *= ratio;
     m.fixed_s = m.small_s + ring;
@@ -29375,9 +29378,7 @@ namespace probing {
 // all: 8 bytes (a small collective's latency); recursive doubling of s f32 values (s =
 // probe_values, at most `values` / 8, at least 1024), whose time beyond the small one's gives its
 // own seconds per byte (each round sends the whole payload to one partner, so where links differ
-// every round meets the slowest peer's connection, which a ring's pieces pipeline past: priced at
-// the ring's seconds per byte, an f32 exchange on `heterogeneous` links took over twice its
-// price); then rings of s and 2s values, whose difference gives the seconds per byte and whose
+// every round meets the slowest peer's connection, which a ring's pieces pipeline past); then rings of s and 2s values, whose difference gives the seconds per byte and whose
 // rest the ring's latency. Returns {a ring's latencies and the small all-reduce's, seconds per
 // byte, a small all-reduce's seconds, recursive doubling's seconds per byte of a round's payload}.
 template <class Comm>

@@ -91,6 +91,9 @@ bool by_recursive_doubling(const Codec& codec, std::size_t values, const tuning_
          compress::describe(codec) == "identity";
 }
 
+// Recursive doubling's seconds per byte by measures `m` (the ring's where it was not measured).
+inline double rd_per_byte(const tuning_measure& m) { return m.rd_per_byte_s > 0 ? m.rd_per_byte_s : m.per_byte_s; }
+
 // A ring's latencies by measures `m`: fixed_s less the small all-reduce it counts (a DiLoCo round
 // has one beside its exchange, the sizing's agreement; an exchange alone has none).
 inline double ring_latency_s(const tuning_measure& m) { return std::max(0.0, m.fixed_s - m.small_s); }
@@ -104,7 +107,7 @@ double exchange_seconds(const Codec& codec, std::size_t values, int world, const
   if (world <= 1) return 0;
   if (by_recursive_doubling(codec, values, m, recursive_doubling_below)) {
     const double payload = static_cast<double>(codec.max_encoded_bytes(values));
-    return m.small_s + (m.rd_per_byte_s > 0 ? m.rd_per_byte_s : m.per_byte_s) * recursive_doubling_rounds(world) * payload;
+    return m.small_s + rd_per_byte(m) * recursive_doubling_rounds(world) * payload;
   }
   return ring_latency_s(m) + m.per_byte_s * exchange_bytes(codec, values, world);
 }
@@ -114,7 +117,7 @@ double exchange_seconds(const Codec& codec, std::size_t values, int world, const
 // ring's; the other algorithm's as they were (an exchange by one says nothing of the other).
 inline tuning_measure scaled_for(tuning_measure m, bool rd, double ratio) {
   if (rd) {
-    m.rd_per_byte_s = (m.rd_per_byte_s > 0 ? m.rd_per_byte_s : m.per_byte_s) * ratio;
+    m.rd_per_byte_s = rd_per_byte(m) * ratio;
     const double ring = ring_latency_s(m);  // (kept: small_s is part of fixed_s)
     m.small_s *= ratio;
     m.fixed_s = m.small_s + ring;

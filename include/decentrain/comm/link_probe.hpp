@@ -35,9 +35,7 @@ namespace probing {
 // all: 8 bytes (a small collective's latency); recursive doubling of s f32 values (s =
 // probe_values, at most `values` / 8, at least 1024), whose time beyond the small one's gives its
 // own seconds per byte (each round sends the whole payload to one partner, so where links differ
-// every round meets the slowest peer's connection, which a ring's pieces pipeline past: priced at
-// the ring's seconds per byte, an f32 exchange on `heterogeneous` links took over twice its
-// price); then rings of s and 2s values, whose difference gives the seconds per byte and whose
+// every round meets the slowest peer's connection, which a ring's pieces pipeline past); then rings of s and 2s values, whose difference gives the seconds per byte and whose
 // rest the ring's latency. Returns {a ring's latencies and the small all-reduce's, seconds per
 // byte, a small all-reduce's seconds, recursive doubling's seconds per byte of a round's payload}.
 template <class Comm>
