@@ -257,14 +257,30 @@ inline std::string describe_pick(const dt::comm::tuning_choice& c) {
   if (c.overlap > 0)
     std::snprintf(streaming, sizeof streaming, ", %lld fragment%s, overlap %lld", static_cast<long long>(c.fragments),
                   c.fragments == 1 ? "" : "s", static_cast<long long>(c.overlap));
-  char small[64] = "";  // (what a small f32 exchange by recursive doubling is priced from)
-  if (m.small_s > 0) std::snprintf(small, sizeof small, ", a small all-reduce %.3f s", m.small_s);
+  // (a rate of 0 s a byte: the probe's ring of 2s values took no longer than its ring of s, their
+  // bytes lost in the links' latencies or a drop's retry)
+  const auto rate = [](double per_byte_s, const char* of) {
+    char text[64];
+    if (per_byte_s > 0)
+      std::snprintf(text, sizeof text, "%.3g MB/s %s", 1e-6 / per_byte_s, of);
+    else
+      std::snprintf(text, sizeof text, "bytes too few to time");
+    return std::string(text);
+  };
+  // (what a small f32 exchange by recursive doubling is priced from)
+  char small_s[48] = "";
+  if (m.small_s > 0) std::snprintf(small_s, sizeof small_s, ", a small all-reduce %.3f s", m.small_s);
+  std::string small = small_s;
+  if (m.rd_per_byte_s > 0) {  // (appended piece by piece: GCC 12's false -Wrestrict alarm at -O2 on a + b + c)
+    small += ", recursive doubling ";
+    small += rate(m.rd_per_byte_s, "a round's payload");
+  }
   char out[560];
   std::snprintf(out, sizeof out,
                 "H = %lld%s, codec %s (exchange %.3f s predicted, %.1f%% busy) from: the slowest inner step %.4f s, a ring "
-                "exchange's fixed %.3f s + %.3g MB/s sent a peer%s",
+                "exchange's fixed %.3f s + %s%s",
                 static_cast<long long>(c.inner_steps), streaming, c.codec_name.c_str(), c.exchange_s, 100 * c.busy, m.step_s, m.fixed_s,
-                m.per_byte_s > 0 ? 1e-6 / m.per_byte_s : std::numeric_limits<double>::infinity(), small);
+                rate(m.per_byte_s, "sent a peer").c_str(), small.c_str());
   return out;
 }
 inline void print_pick(const dt::comm::tuning_choice& c) {
@@ -276,7 +292,8 @@ inline dt::train::json_line pick_line(int rank, const dt::comm::tuning_choice& c
   l.add("event", "auto").add("rank", rank).add("step", c.step).add("why", c.why).add("inner_steps", c.inner_steps)
       .add("codec", c.codec_name).add("exchange_s", c.exchange_s).add("busy", c.busy).add("step_s", c.measured.step_s)
       .add("fixed_s", c.measured.fixed_s).add("per_byte_s", c.measured.per_byte_s);
-  if (c.overlap > 0) l.add("fragments", c.fragments).add("overlap", c.overlap).add("small_s", c.measured.small_s);
+  if (c.overlap > 0)
+    l.add("fragments", c.fragments).add("overlap", c.overlap).add("small_s", c.measured.small_s).add("rd_per_byte_s", c.measured.rd_per_byte_s);
   return l;
 }
 

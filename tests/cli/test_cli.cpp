@@ -669,6 +669,10 @@ TEST_CASE("train --comm streaming-diloco --auto: the fragments, overlap, H and c
   CHECK((tau >= 1 && tau < h && p >= 1 && p <= 4 && h >= 10 && h <= 15));  // (H between 10 and the run's 60 steps / 4 rounds)
   CHECK(tau <= std::max<std::int64_t>(1, h / 10));                            // (at most a tenth of the round)
   CHECK(std::stod(first.at("busy").text) > 0);
+  // The figures a small f32 fragment's exchange is priced from are in the metrics, recursive
+  // doubling's among them (at.() throws where a field is missing; 0 s a byte on lan is a figure).
+  CHECK(std::stod(first.at("small_s").text) > 0);
+  CHECK(std::stod(first.at("rd_per_byte_s").text) >= 0);
 
   r = run(cli() + args + " --fragments 2", dir);
   CHECK_THAT(r.output, Contains("--auto with --comm streaming-diloco picks the fragments and the overlap: --fragments, --overlap"));

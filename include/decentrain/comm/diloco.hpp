@@ -354,7 +354,7 @@ struct diloco {
   template <class Ctx>
   void probe(Ctx& ctx) {
     if (ring) ordering_.order(ctx, *ring, codec, global_.size());  // (the probe's rings too)
-    const auto probed = probe_links(ctx.replicas, global_.size(), tune->probe_values);
+    const auto probed = probe_links(ctx.replicas, global_.size(), tune->probe_values, probing::time_recursive_doubling::no);
     link_ = probed.link;
     small_s_ = probed.small_s;
   }

@@ -31,15 +31,22 @@ struct probed_links {
 
 namespace probing {
 
-// This replica's figures: four all-reduces among `comm`'s replicas, after one that waits for them
-// all: 8 bytes (a small collective's latency); recursive doubling of s f32 values (s =
-// probe_values, at most `values` / 8, at least 1024), whose time beyond the small one's gives its
-// own seconds per byte (each round sends the whole payload to one partner, so where links differ
-// every round meets the slowest peer's connection, which a ring's pieces pipeline past); then rings of s and 2s values, whose difference gives the seconds per byte and whose
-// rest the ring's latency. Returns {a ring's latencies and the small all-reduce's, seconds per
-// byte, a small all-reduce's seconds, recursive doubling's seconds per byte of a round's payload}.
+// Whether the probe times recursive doubling too. DiLoCo's picks price every exchange as a ring,
+// so it would wait for an all-reduce whose figure it never reads.
+enum class time_recursive_doubling : bool { no, yes };
+
+// This replica's figures: three or four all-reduces among `comm`'s replicas, after one that
+// waits for them all: 8 bytes (a small collective's latency); where `rd`, recursive doubling of s
+// f32 values (s = probe_values, at most `values` / 8, at least 1024), whose time beyond the small
+// one's gives its own seconds per byte (each round sends the whole payload to one partner, so
+// where links differ every round meets the slowest peer's connection, which a ring's pieces
+// pipeline past); then rings of s and 2s values, whose difference gives the seconds per byte and
+// whose rest the ring's latency. A communicator's first ring also agrees the ring's sizes (one
+// small all-reduce): a probe that runs first counts it in the ring of s, so in the latencies.
+// Returns {a ring's latencies and the small all-reduce's, seconds per byte, a small all-reduce's
+// seconds, recursive doubling's seconds per byte of a round's payload (0: not timed)}.
 template <class Comm>
-std::array<double, 4> measure(Comm& comm, std::size_t values, std::size_t probe_values) {
+std::array<double, 4> measure(Comm& comm, std::size_t values, std::size_t probe_values, time_recursive_doubling rd) {
   const auto clock = [&comm] { return comm.endpoint().stats().clock_seconds; };
   const std::size_t s = std::max<std::size_t>(1024, std::min(probe_values, values / 8));
   std::vector<float> buffer(2 * s, 0.0f);
@@ -50,7 +57,8 @@ std::array<double, 4> measure(Comm& comm, std::size_t values, std::size_t probe_
   const double t1 = clock();
   // (right after the small one, as it leaves the replicas together: after a ring, whose ends
   // come apart by its hops, recursive doubling's time would count the replicas' waits for the last)
-  comm.all_reduce(std::span<float>(buffer.data(), s), collective::reduce_op::sum, collective::algorithm::recursive_doubling);
+  if (rd == time_recursive_doubling::yes)
+    comm.all_reduce(std::span<float>(buffer.data(), s), collective::reduce_op::sum, collective::algorithm::recursive_doubling);
   const double t2 = clock();
   comm.all_reduce(std::span<float>(buffer.data(), s), collective::reduce_op::sum, collective::algorithm::ring);
   const double t3 = clock();
@@ -59,7 +67,8 @@ std::array<double, 4> measure(Comm& comm, std::size_t values, std::size_t probe_
   const double w = comm.world(), bytes = 2.0 * (w - 1) / w * 4.0 * static_cast<double>(s);  // a ring's, per replica
   const double per_byte = std::max(0.0, (t4 - t3) - (t3 - t2)) / bytes;
   const double rd_bytes = recursive_doubling_rounds(comm.world()) * 4.0 * static_cast<double>(s);
-  return {std::max(0.0, (t3 - t2) - per_byte * bytes) + (t1 - t0), per_byte, t1 - t0, std::max(0.0, (t2 - t1) - (t1 - t0)) / rd_bytes};
+  const double rd_per_byte = rd == time_recursive_doubling::yes ? std::max(0.0, (t2 - t1) - (t1 - t0)) / rd_bytes : 0.0;
+  return {std::max(0.0, (t3 - t2) - per_byte * bytes) + (t1 - t0), per_byte, t1 - t0, rd_per_byte};
 }
 
 // The step by which this replica's clock will have passed the probe's end, `ahead` seconds of its
@@ -85,9 +94,9 @@ inline void keep_sane(std::span<double> figures) {
 
 // The probe, waited for: each replica's figures, then the largest of each (one more small all-reduce).
 template <class Comm>
-probed_links probe_links(Comm& comm, std::size_t values, std::size_t probe_values) {
+probed_links probe_links(Comm& comm, std::size_t values, std::size_t probe_values, probing::time_recursive_doubling rd) {
   if (comm.world() <= 1) return {};
-  auto figures = probing::measure(comm, values, probe_values);
+  auto figures = probing::measure(comm, values, probe_values, rd);
   comm.all_reduce(std::span<double>(figures), collective::reduce_op::max);
   probing::keep_sane(figures);
   return {{0.0, figures[0], figures[1], 0.0, figures[3]}, figures[2]};
@@ -133,11 +142,11 @@ class link_probe {
     }
     handle_ = comm.start([s = state_, values, probe_values, latest](auto& c) {
       if (!c.in_background()) {
-        s->result = probe_links(c, values, probe_values);
+        s->result = probe_links(c, values, probe_values, probing::time_recursive_doubling::yes);
         s->without_lane = true;
         return;
       }
-      const auto f = probing::measure(c, values, probe_values);
+      const auto f = probing::measure(c, values, probe_values, probing::time_recursive_doubling::yes);
       std::array<double, 6> agreed{f[0], f[1], f[2], f[3], 0.0, 0.0};
       {
         std::unique_lock lock(s->mutex);
