@@ -28822,8 +28822,9 @@ struct tuning_measure {
   // it (exchange_seconds); 0: every exchange priced as above.
   double small_s = 0;
   // Recursive doubling's seconds per byte of a round's payload (Streaming DiLoCo's probe
-  // measures it; DiLoCo's picks price every exchange as a ring and leave it 0; 0: per_byte_s's). Its own: each round sends the whole payload to one partner, and where links
-  // differ each round waits for its slowest pair.
+  // measures it; DiLoCo's picks price every exchange as a ring and leave it 0; 0: per_byte_s's).
+  // Its own: each round sends the whole payload to one partner, and where links differ each
+  // round waits for its slowest pair.
   double rd_per_byte_s = 0;
 };
 
@@ -32396,7 +32397,7 @@ struct streaming_diloco {
         const auto [off, what] = auto_tuning<Codec>::drift_of(recent_, basis_, exchange_seconds(codec, largest, world, recent_, rd_below(ctx)),
                                                               exchange_seconds(codec, largest, world, basis_, rd_below(ctx)), 0.0);
         if (off > tune->drift) {
-          auto c = tune->choose_streaming(recent_, largest_, ctx.replicas.world(), codec, ctx.run_steps, rd_below(ctx));
+          auto c = tune->choose_streaming(recent_, largest_, world, codec, ctx.run_steps, rd_below(ctx));
           c.step = ctx.step;
           c.why = decentrain::detail::concat(first ? "measured: " : "drift: ", what, " ", std::lround(100 * off), "% off");
           const auto m = recent_;

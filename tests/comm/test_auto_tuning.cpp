@@ -637,7 +637,7 @@ TEST_CASE("link_probe: recursive doubling priced at its own seconds per byte whe
   // and 0.27 us): that one's ring of s, the communicator's first ring, also agreed the ring's
   // sizes (a small all-reduce of 0.3-0.4 s here), and on these links the ends of each ring differ
   // among the replicas by up to 0.5 s, where the ring of 2s values' extra bytes take about 0.14
-  // s, so the difference of two rings is noise as much as bytes.
+  // s at the slowest link's bandwidth, so the difference of two rings is noise as much as bytes.
   const auto& ro = ring_only[0];
   const double round_priced = ro.fixed_s + ro.per_byte_s * dt::comm::exchange_bytes(f32, fragment, world);
   INFO("DiLoCo's probe: fixed " << ro.fixed_s << " s, " << ro.per_byte_s << " s a byte: a round's exchange priced " << round_priced

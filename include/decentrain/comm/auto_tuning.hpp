@@ -45,8 +45,9 @@ struct tuning_measure {
   // it (exchange_seconds); 0: every exchange priced as above.
   double small_s = 0;
   // Recursive doubling's seconds per byte of a round's payload (Streaming DiLoCo's probe
-  // measures it; DiLoCo's picks price every exchange as a ring and leave it 0; 0: per_byte_s's). Its own: each round sends the whole payload to one partner, and where links
-  // differ each round waits for its slowest pair.
+  // measures it; DiLoCo's picks price every exchange as a ring and leave it 0; 0: per_byte_s's).
+  // Its own: each round sends the whole payload to one partner, and where links differ each
+  // round waits for its slowest pair.
   double rd_per_byte_s = 0;
 };
 

@@ -631,7 +631,7 @@ struct streaming_diloco {
         const auto [off, what] = auto_tuning<Codec>::drift_of(recent_, basis_, exchange_seconds(codec, largest, world, recent_, rd_below(ctx)),
                                                               exchange_seconds(codec, largest, world, basis_, rd_below(ctx)), 0.0);
         if (off > tune->drift) {
-          auto c = tune->choose_streaming(recent_, largest_, ctx.replicas.world(), codec, ctx.run_steps, rd_below(ctx));
+          auto c = tune->choose_streaming(recent_, largest_, world, codec, ctx.run_steps, rd_below(ctx));
           c.step = ctx.step;
           c.why = decentrain::detail::concat(first ? "measured: " : "drift: ", what, " ", std::lround(100 * off), "% off");
           const auto m = recent_;
