@@ -195,7 +195,12 @@ struct round_weight {
 // round), spread over the round's steps left. A step that ran slow is made up by the steps after
 // it, so measurements that wander from round to round (peers sharing cores, caches, clocks)
 // cost little waiting; the slowest replica, one inner step a step, also takes more where it ran
-// fast. Seconds are compute seconds on this peer's clock.
+// fast. A share is a whole number of inner steps: of the two next to the spread, a step takes the
+// one that ends it nearer the slowest replica's pace (the deadline less the steps after it at the
+// slowest one's seconds), so a 1.22x replica takes 1, 1, 1, 1, 2, ... and keeps within half an
+// inner step of the slowest one all through the round (each step's spread rounded alone, it
+// would take 1 until past mid-round and run ahead by the clock, to wait where an exchange lands
+// mid-round: streaming_diloco's). Seconds are compute seconds on this peer's clock.
 struct speed_sizing {
   static constexpr std::int64_t max_ratio = 64;  // the most inner steps a step
   double compute_s = 0;          // compute seconds of the inner steps since the sizing, on this peer's clock
@@ -215,14 +220,20 @@ struct speed_sizing {
     through = ctx.step;
   }
   // The inner steps of a step with `steps_left` steps of the round left, this one included: 1
-  // until sized; then its share of the inner steps that fit before the deadline (at least 1, at
-  // most max_ratio).
+  // until sized; then its share of the inner steps that fit before the deadline, rounded towards
+  // the slowest replica's pace (at least 1, at most max_ratio).
   std::int64_t share(std::int64_t steps_left) const {
     if (deadline_s <= 0 || steps_left < 1) return 1;
     const double each = steps > 0 && compute_s > 0 ? compute_s / static_cast<double>(steps) : per_step_s;
     if (!(each > 0)) return 1;
     const double fit = std::max(0.0, deadline_s - compute_s) / each;
-    return std::clamp<std::int64_t>(std::llround(fit / static_cast<double>(steps_left)), 1, max_ratio);
+    const double spread = std::min(fit / static_cast<double>(steps_left), static_cast<double>(max_ratio));
+    const double below = std::floor(spread);
+    if (!(step_s() > 0)) return std::clamp<std::int64_t>(std::llround(spread), 1, max_ratio);  // a state loaded without speeds
+    // Where this step should end: the steps after it at the slowest one's seconds before the deadline.
+    const double pace = deadline_s - static_cast<double>(steps_left - 1) * step_s();
+    const double behind = (pace - compute_s) / each - below;  // inner steps short of the pace after `below`
+    return std::clamp<std::int64_t>(static_cast<std::int64_t>(below) + (behind > 0.5 ? 1 : 0), 1, max_ratio);
   }
   // After a step with `steps_left` of the round's `inner_steps` steps after it (a round's end:
   // all of the next round's): the replicas agree on the slowest one's seconds per inner step (one
