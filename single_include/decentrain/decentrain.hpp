@@ -27913,6 +27913,9 @@ struct speed_sizing {
   double slowest_s = 0;          // the slowest replica's, agreed at the sizing
   bool agreed = false;           // slowest_s is the agreed figure (a peer's that is not a number: this one's own)
   std::int64_t through = -1;     // the last step counted (a redone after_step counts once)
+  // The deadline's margin over the slowest replica's time, a share of it (the policy's setting:
+  // diloco's headroom; not state, a load keeps it).
+  double headroom = 0;
 
   template <class Ctx>
   void add(const Ctx& ctx) {
@@ -28023,7 +28026,9 @@ struct speed_sizing {
   // unmeasured; one without a deadline (written before deadlines) takes one inner step a step
   // until the round's end.
   void load(const io::checkpoint& c, const std::string& prefix) {
+    const double margin = headroom;
     *this = {};
+    headroom = margin;
     const auto seconds = load_exact(c, prefix + "speed_compute_s", "a number of seconds");
     if (!seconds) return;
     compute_s = *seconds;
@@ -28038,8 +28043,9 @@ struct speed_sizing {
   }
 
  private:
-  // A step's seconds: the slowest replica's inner step (this one's, where it measured slower).
-  double step_s() const { return std::max(slowest_s, per_step_s); }
+  // A step's seconds: the slowest replica's inner step (this one's, where it measured slower),
+  // and the margin.
+  double step_s() const { return std::max(slowest_s, per_step_s) * (1 + headroom); }
   void plan_round(std::int64_t inner_steps) {
     round_steps = std::min(max_ratio * inner_steps,
                            std::max<std::int64_t>(inner_steps, std::llround(static_cast<double>(inner_steps) * step_s() / per_step_s)));
@@ -30538,6 +30544,14 @@ struct diloco {
   // takes about as long, so none waits for the slowest. Every replica the same; not with
   // `moshpit` (the speeds' all-reduce would span every replica).
   bool sized_to_speed = false;
+  // Sized to speed (or tuned): each round's deadline is the slowest replica's measured time for
+  // it and this share more, so that a round the slowest computes slower than measured (compute
+  // on a clock wanders a few percent from round to round: cores shared, caches, frequency) still
+  // ends by the deadline. The slowest replica cannot take less than one inner step a step, and
+  // every replica waits for it at the round's end; with the margin it fills the round as the
+  // others do (an inner step more now and then). 0: the measured time (exact where compute is,
+  // as on a simulated clock). In [0, 1]; every replica the same.
+  double headroom = 0.05;
   // Set: H and the codec are picked from measures (comm/auto_tuning.hpp: the links probed at the
   // start and timed at each exchange, the slowest replica's compute), first after step 0, then
   // again whenever a round's measures drift; `inner_steps` is the H until the first pick. Work
@@ -30580,6 +30594,8 @@ struct diloco {
     decentrain::detail::check(inner_steps >= 1, "diloco: inner_steps must be >= 1, got ", inner_steps);
     decentrain::detail::check(!(sizes() && moshpit), "diloco: ", tune ? "tune" : "sized_to_speed", " needs one all-reduce ",
                               "of the replicas' speeds a round, which Moshpit's averaging is there to avoid: set one of them");
+    decentrain::detail::check(headroom >= 0 && headroom <= 1, "diloco: headroom must be in [0, 1], got ", headroom);
+    speed_.headroom = headroom;
     outer::validate(outer_optimizer, "diloco");
     if (moshpit) moshpit->validate("diloco");
     if (tune) tune->validate("diloco");
@@ -30626,6 +30642,7 @@ struct diloco {
     momentum_.assign(global_.size(), 0.0f);
     momentum_started_ = false;
     speed_ = {};
+    speed_.headroom = headroom;
     round_from_ = 0;
     choices_.clear();
     codec_at_ = own_codec;
@@ -30807,6 +30824,7 @@ struct diloco {
     weight_.load(c, "comm.diloco.");
     deadlines_.load(c, "comm.diloco.");
     speed_ = {};
+    speed_.headroom = headroom;
     if (sizes()) speed_.load(c, "comm.diloco.");
   }
   // This round's inner steps on this replica as planned when sized (sized_to_speed; inner_steps

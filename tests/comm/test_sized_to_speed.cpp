@@ -80,6 +80,7 @@ fixture::probe<dt::comm::diloco<dt::comm::outer::sgd>> sized(std::int64_t h, std
   fixture::probe<dt::comm::diloco<dt::comm::outer::sgd>> p;
   p.inner.inner_steps = h;
   p.inner.sized_to_speed = true;
+  p.inner.headroom = 0;  // (compute on the simulated clock is exact: the counts are the speeds')
   p.before_last = before_last;
   return p;
 }
@@ -106,6 +107,19 @@ TEST_CASE("diloco sized_to_speed: a peer 4x as fast takes 4H inner steps a round
   // From step 1 on, the fast peer computes the whole time: 11 s of the last 11.
   CHECK(fast.back().compute_s - fast[0].compute_s == Approx(fast.back().clock_s - fast[0].clock_s));
   CHECK(fast.back().compute_s - fast[0].compute_s == Approx(11.0));
+
+  // With the default headroom (5%) each round's deadline is 21 of the slow peer's inner steps for
+  // H = 20, which it fills too (an inner step more in the round), as the fast peer fills its 84.
+  auto margin = sized(20);
+  margin.inner.headroom = 0.05;
+  const auto with_margin = train({1, 4}, margin, 40);
+  REQUIRE(with_margin.by_step[1].size() == 40);
+  CHECK(with_margin.inner_steps[0].back() == 21);
+  CHECK(with_margin.inner_steps[1].back() == 84);
+  // (the first round: step 0 unsized, then 19 steps whose deadline of 19.95 s it fills with 20)
+  CHECK(with_margin.by_step[0].back().compute_s == Approx(1.0 + 20.0 + 21.0));
+  const auto& busy = with_margin.by_step[1];
+  CHECK(busy.back().compute_s - busy[0].compute_s == Approx(busy.back().clock_s - busy[0].clock_s));
 
   // Unsized, the fast peer computes a quarter of the time.
   auto equal = sized(4);
@@ -405,6 +419,35 @@ TEST_CASE("speed_sizing: a replica whose speed is no whole multiple of the slowe
     CHECK(worst <= 0.5 / speed + 1e-9);
     CHECK(std::abs(s.compute_s - 150.0) <= 0.5 / speed + 1e-9);
   }
+}
+
+TEST_CASE("speed_sizing: with headroom, a slowest replica that computes a round slower than measured still ends it by the deadline") {
+  // The slowest replica, measured at 1 s an inner step, computes a round of 50 steps at `actual`
+  // s (compute on a clock wanders from round to round); the deadline is 50 s and `headroom` of
+  // it. It takes one inner step a step at least, so without a margin it runs past the deadline,
+  // where every other replica (which fills it) waits for it at the round's end.
+  const auto round_end = [](double actual, double headroom) {
+    dt::comm::speed_sizing s;
+    s.headroom = headroom;
+    s.slowest_s = s.per_step_s = 1.0;
+    s.set_round(50, 50);
+    for (std::int64_t left = 50; left >= 1; --left) {
+      const auto k = s.share(left);
+      s.compute_s += static_cast<double>(k) * actual;
+      s.steps += k;
+    }
+    return std::pair{s.compute_s, s.deadline_s};
+  };
+  for (const double actual : {1.0, 1.02, 1.04}) {
+    const auto [end, deadline] = round_end(actual, 0.05);
+    INFO("at " << actual << " s an inner step: the round ends at " << end << " s, the deadline " << deadline << " s");
+    CHECK(deadline == Approx(52.5));
+    CHECK(std::abs(end - deadline) <= actual / 2 + 1e-9);  // (it fills the margin, as the others fill theirs)
+  }
+  // Without the margin, 4% slower ends 2 s (two of its inner steps) past the deadline.
+  const auto [late, deadline] = round_end(1.04, 0.0);
+  CHECK(deadline == Approx(50.0));
+  CHECK(late - deadline == Approx(2.0));
 }
 
 TEST_CASE("speed_sizing: the rest of a round sized late counts what its own steps spent, not the steps before it") {

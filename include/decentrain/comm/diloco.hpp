@@ -57,6 +57,14 @@ struct diloco {
   // takes about as long, so none waits for the slowest. Every replica the same; not with
   // `moshpit` (the speeds' all-reduce would span every replica).
   bool sized_to_speed = false;
+  // Sized to speed (or tuned): each round's deadline is the slowest replica's measured time for
+  // it and this share more, so that a round the slowest computes slower than measured (compute
+  // on a clock wanders a few percent from round to round: cores shared, caches, frequency) still
+  // ends by the deadline. The slowest replica cannot take less than one inner step a step, and
+  // every replica waits for it at the round's end; with the margin it fills the round as the
+  // others do (an inner step more now and then). 0: the measured time (exact where compute is,
+  // as on a simulated clock). In [0, 1]; every replica the same.
+  double headroom = 0.05;
   // Set: H and the codec are picked from measures (comm/auto_tuning.hpp: the links probed at the
   // start and timed at each exchange, the slowest replica's compute), first after step 0, then
   // again whenever a round's measures drift; `inner_steps` is the H until the first pick. Work
@@ -99,6 +107,8 @@ struct diloco {
     decentrain::detail::check(inner_steps >= 1, "diloco: inner_steps must be >= 1, got ", inner_steps);
     decentrain::detail::check(!(sizes() && moshpit), "diloco: ", tune ? "tune" : "sized_to_speed", " needs one all-reduce ",
                               "of the replicas' speeds a round, which Moshpit's averaging is there to avoid: set one of them");
+    decentrain::detail::check(headroom >= 0 && headroom <= 1, "diloco: headroom must be in [0, 1], got ", headroom);
+    speed_.headroom = headroom;
     outer::validate(outer_optimizer, "diloco");
     if (moshpit) moshpit->validate("diloco");
     if (tune) tune->validate("diloco");
@@ -145,6 +155,7 @@ struct diloco {
     momentum_.assign(global_.size(), 0.0f);
     momentum_started_ = false;
     speed_ = {};
+    speed_.headroom = headroom;
     round_from_ = 0;
     choices_.clear();
     codec_at_ = own_codec;
@@ -326,6 +337,7 @@ struct diloco {
     weight_.load(c, "comm.diloco.");
     deadlines_.load(c, "comm.diloco.");
     speed_ = {};
+    speed_.headroom = headroom;
     if (sizes()) speed_.load(c, "comm.diloco.");
   }
   // This round's inner steps on this replica as planned when sized (sized_to_speed; inner_steps

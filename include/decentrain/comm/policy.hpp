@@ -211,6 +211,9 @@ struct speed_sizing {
   double slowest_s = 0;          // the slowest replica's, agreed at the sizing
   bool agreed = false;           // slowest_s is the agreed figure (a peer's that is not a number: this one's own)
   std::int64_t through = -1;     // the last step counted (a redone after_step counts once)
+  // The deadline's margin over the slowest replica's time, a share of it (the policy's setting:
+  // diloco's headroom; not state, a load keeps it).
+  double headroom = 0;
 
   template <class Ctx>
   void add(const Ctx& ctx) {
@@ -321,7 +324,9 @@ struct speed_sizing {
   // unmeasured; one without a deadline (written before deadlines) takes one inner step a step
   // until the round's end.
   void load(const io::checkpoint& c, const std::string& prefix) {
+    const double margin = headroom;
     *this = {};
+    headroom = margin;
     const auto seconds = load_exact(c, prefix + "speed_compute_s", "a number of seconds");
     if (!seconds) return;
     compute_s = *seconds;
@@ -336,8 +341,9 @@ struct speed_sizing {
   }
 
  private:
-  // A step's seconds: the slowest replica's inner step (this one's, where it measured slower).
-  double step_s() const { return std::max(slowest_s, per_step_s); }
+  // A step's seconds: the slowest replica's inner step (this one's, where it measured slower),
+  // and the margin.
+  double step_s() const { return std::max(slowest_s, per_step_s) * (1 + headroom); }
   void plan_round(std::int64_t inner_steps) {
     round_steps = std::min(max_ratio * inner_steps,
                            std::max<std::int64_t>(inner_steps, std::llround(static_cast<double>(inner_steps) * step_s() / per_step_s)));
