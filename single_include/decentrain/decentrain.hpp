@@ -27933,8 +27933,8 @@ struct speed_sizing {
     if (!(each > 0)) return 1;
     const double fit = std::max(0.0, deadline_s - compute_s) / each;
     const double spread = std::min(fit / static_cast<double>(steps_left), static_cast<double>(max_ratio));
-    const double below = std::floor(spread);
     if (!(step_s() > 0)) return std::clamp<std::int64_t>(std::llround(spread), 1, max_ratio);  // a state loaded without speeds
+    const double below = std::floor(spread);
     // Where this step should end: the steps after it at the slowest one's seconds before the deadline.
     const double pace = deadline_s - static_cast<double>(steps_left - 1) * step_s();
     const double behind = (pace - compute_s) / each - below;  // inner steps short of the pace after `below`
@@ -27979,6 +27979,12 @@ struct speed_sizing {
     next_round_from(slowest, mine, inner_steps, steps_left);
     if (done > 1 && deadline_s > 0)
       deadline_s = std::max(0.0, deadline_s + static_cast<double>(done) * step_s() - spent);
+  }
+  // Unmeasured again (a fresh run), keeping the policy's headroom.
+  void reset() {
+    const double margin = headroom;
+    *this = {};
+    headroom = margin;
   }
   // Forgets what was counted since the sizing: a step whose time is not the replica's speed (a
   // run's first: caches filling, memory allocated).
@@ -28026,9 +28032,7 @@ struct speed_sizing {
   // unmeasured; one without a deadline (written before deadlines) takes one inner step a step
   // until the round's end.
   void load(const io::checkpoint& c, const std::string& prefix) {
-    const double margin = headroom;
-    *this = {};
-    headroom = margin;
+    reset();
     const auto seconds = load_exact(c, prefix + "speed_compute_s", "a number of seconds");
     if (!seconds) return;
     compute_s = *seconds;
@@ -30641,8 +30645,7 @@ struct diloco {
     broadcast_parameters(ctx, global_);
     momentum_.assign(global_.size(), 0.0f);
     momentum_started_ = false;
-    speed_ = {};
-    speed_.headroom = headroom;
+    speed_.reset();
     round_from_ = 0;
     choices_.clear();
     codec_at_ = own_codec;
@@ -30823,8 +30826,7 @@ struct diloco {
     load_codec(codec, c, "comm.diloco.codec.");
     weight_.load(c, "comm.diloco.");
     deadlines_.load(c, "comm.diloco.");
-    speed_ = {};
-    speed_.headroom = headroom;
+    speed_.reset();
     if (sizes()) speed_.load(c, "comm.diloco.");
   }
   // This round's inner steps on this replica as planned when sized (sized_to_speed; inner_steps

@@ -154,8 +154,7 @@ struct diloco {
     broadcast_parameters(ctx, global_);
     momentum_.assign(global_.size(), 0.0f);
     momentum_started_ = false;
-    speed_ = {};
-    speed_.headroom = headroom;
+    speed_.reset();
     round_from_ = 0;
     choices_.clear();
     codec_at_ = own_codec;
@@ -336,8 +335,7 @@ struct diloco {
     load_codec(codec, c, "comm.diloco.codec.");
     weight_.load(c, "comm.diloco.");
     deadlines_.load(c, "comm.diloco.");
-    speed_ = {};
-    speed_.headroom = headroom;
+    speed_.reset();
     if (sizes()) speed_.load(c, "comm.diloco.");
   }
   // This round's inner steps on this replica as planned when sized (sized_to_speed; inner_steps
