@@ -13,23 +13,34 @@
 //   observed              the tail, each round closed at median + --k MAD after its first arrival
 //                         (at least --min-wait of the round's planned compute), once half the
 //                         replicas are in
+//   churn-wait-all        wait-all under churn: fault::elastic, and every --churn-every (a range
+//                         of simulated seconds, drawn) one running peer killed wherever it stands,
+//                         started again --churn-down later as a joiner that takes the group's state
+//   churn                 observed under the same churn
 // Columns: the simulated time to finish; each round's length (the leader's close, from the
 // round's start) over the fastest quorum's time (the arrival of half the replicas, each replica
 // at the time it came, late or not), mean and 95th percentile; the contributions dropped, of all
 // and of those that came within the fault-free run's 95th-percentile arrival; the steps the late
-// replicas skipped; the least busy peer; the validation loss.
+// replicas skipped; the least busy peer; the validation loss. Under churn a round counts the
+// replicas of its view, a contribution that never came (its peer killed) is in no count, and the
+// least busy peer is of those that ran the whole run in one process.
 //
 //   bench_deadlines [--data FILE] [--steps 400] [--peers 8] [--inner-steps 20] [--fastest 4]
 //                   [--link lan] [--step-seconds 0.1] [--straggle 0.02] [--fixed-s 0.1] [--k 2]
 //                   [--min-wait 0.1] [--n-layer 4] [--n-embd 128] [--batch 12]
-//                   [--only fault-free,wait-all,fixed,observed] [--json deadlines.json]
+//                   [--churn-every 4,8] [--churn-down 1,4] [--churn-seed 1]
+//                   [--only fault-free,wait-all,fixed,observed,churn-wait-all,churn] [--json deadlines.json]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <mutex>
+#include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "decentrain/decentrain.hpp"
@@ -43,12 +54,27 @@ namespace {
 
 using policy_type = dt::comm::diloco<>;
 using trainer_type = dt::train::trainer<dt::nn::gpt<dt::cpu>, policy_type>;
+using elastic_trainer = dt::train::trainer<dt::nn::gpt<dt::cpu>, policy_type, dt::parallel::data, dt::fault::elastic>;
 
 struct row {
   std::string name;
   double simulated_s = 0, ratio_mean = 0, ratio_p95 = 0, util_lowest = 1, val_loss = 0;
   std::int64_t contributions = 0, dropped = 0, within_p95 = 0, dropped_within_p95 = 0, skipped = 0, rounds = 0;
+  std::int64_t kills = 0, views = 0;  // under churn
   std::vector<double> arrivals;  // every contribution's arrival after its round's start
+};
+
+// What each process recorded: every round it led, every arrival it took, the steps it skipped.
+struct process_records {
+  std::vector<dt::comm::deadline_round_record> rounds;
+  std::vector<dt::comm::deadline_arrival> arrivals;
+  std::int64_t skipped = 0;
+};
+
+struct churn_setting {
+  bool on = false;
+  double every_min_s = 4, every_max_s = 8, down_min_s = 1, down_max_s = 4;
+  std::uint64_t seed = 1;
 };
 
 double percentile(std::vector<double> v, double p) {
@@ -59,7 +85,7 @@ double percentile(std::vector<double> v, double p) {
 
 row run(const std::string& name, const dt::comm::round_deadline& deadline, double straggle, double p95_fault_free,
         const std::vector<double>& speeds, const std::string& link, double step_seconds, std::int64_t h, const dt::nn::gpt_config& cfg,
-        const dt::train::trainer_options& opts, const dt::data::token_dataset& data) {
+        const dt::train::trainer_options& opts, const dt::data::token_dataset& data, const churn_setting& churn = {}) {
   std::fprintf(stderr, "running %s (%lld steps) ...\n", name.c_str(), static_cast<long long>(opts.steps));
   const int n = static_cast<int>(speeds.size());
   dt::transport::in_process::options o;
@@ -68,36 +94,84 @@ row run(const std::string& name, const dt::comm::round_deadline& deadline, doubl
   o.deterministic = dt::transport::in_process::deterministic_run{.step_seconds = step_seconds};
   o.speeds = speeds;
   o.straggle = {straggle, 10};
+  row out;
+  out.name = name;
+  if (churn.on) {
+    // (kills until 90% of the steps' compute at speed 1, about the fault-free run's length: none
+    // in the last rounds)
+    dt::transport::random_churn c;
+    c.peers = n;
+    c.seconds = 0.9 * static_cast<double>(opts.steps) * step_seconds;
+    c.every_min_s = churn.every_min_s;
+    c.every_max_s = churn.every_max_s;
+    c.down_min_s = churn.down_min_s;
+    c.down_max_s = churn.down_max_s;
+    c.min_alive = n / 2 + 1;
+    o.deterministic->churn = c.make(churn.seed);
+    o.peers_fail_alone = true;
+    for (const auto& e : o.deterministic->churn) out.kills += e.what == dt::transport::churn_event::kind::kill;
+  }
   dt::transport::in_process net(dt::transport::links::preset(link, n, 1337), o);
   policy_type policy;
   policy.inner_steps = h;
   policy.sized_to_speed = true;
   policy.deadline = deadline;
-  std::vector<std::vector<dt::comm::deadline_round_record>> rounds(static_cast<std::size_t>(n));
-  std::vector<std::vector<dt::comm::deadline_arrival>> arrivals(static_cast<std::size_t>(n));
-  std::vector<std::int64_t> skipped(static_cast<std::size_t>(n));
-  const auto keep = [&](trainer_type& t) {
-    t.on_step([&, steps = opts.steps](const dt::train::step_metrics& m) {  // (each peer its own slot)
-      if (m.step != steps) return;
-      const auto r = static_cast<std::size_t>(t.rank());
-      rounds[r] = t.policy().deadlines().rounds();
-      arrivals[r] = t.policy().deadlines().arrivals();
-      skipped[r] = t.skipped_steps();
+  std::vector<process_records> records;  // every process's
+  std::vector<dt::train::fit_result> finished;  // of the processes that trained to the end
+  std::vector<bool> whole;                       // ... in one process, from the first step
+  if (!churn.on) {
+    records.resize(static_cast<std::size_t>(n));
+    const auto keep = [&](trainer_type& t) {
+      t.on_step([&, steps = opts.steps](const dt::train::step_metrics& m) {  // (each peer its own slot)
+        if (m.step != steps) return;
+        auto& r = records[static_cast<std::size_t>(t.rank())];
+        r = {t.policy().deadlines().rounds(), t.policy().deadlines().arrivals(), t.skipped_steps()};
+      });
+    };
+    finished = dt::train::fit_in_process<trainer_type>(net, cfg, opts, data, policy, keep);
+    whole.assign(finished.size(), true);
+  } else {
+    dt::fault::elastic fault;
+    // (a joiner is taken in at a round's start: rounds of a few simulated seconds)
+    fault.admission_timeout = std::chrono::seconds(30);
+    std::mutex m;
+    std::set<std::uint64_t> epochs;
+    net.run([&](dt::transport::in_process::endpoint& ep) {
+      const bool first = net.restarts(ep.rank()) == 0 && !ep.joined_late();
+      elastic_trainer t(cfg, opts, ep, policy, {}, fault);
+      const auto keep = [&](const dt::train::fit_result* result) {
+        std::lock_guard lock(m);
+        records.push_back({t.policy().deadlines().rounds(), t.policy().deadlines().arrivals(), t.skipped_steps()});
+        for (const auto& c : t.fault().changes()) epochs.insert(c.epoch);
+        if (result) {
+          finished.push_back(*result);
+          whole.push_back(first);
+        }
+      };
+      try {
+        const auto result = t.fit(data);
+        keep(&result);
+      } catch (...) {
+        keep(nullptr);  // (killed)
+        throw;
+      }
     });
-  };
-  const auto results = dt::train::fit_in_process<trainer_type>(net, cfg, opts, data, policy, keep);
-  row out;
-  out.name = name;
-  for (const auto& res : results) {
-    out.simulated_s = std::max(out.simulated_s, res.last.clock_s);
-    out.util_lowest = std::min(out.util_lowest, res.last.utilisation());
-    out.val_loss += res.final_val_loss / n;
+    out.views = static_cast<std::int64_t>(epochs.size());
   }
-  for (const auto s : skipped) out.skipped += s;
+  double counted = 0;
+  for (std::size_t i = 0; i < finished.size(); ++i) {
+    const auto& res = finished[i];
+    out.simulated_s = std::max(out.simulated_s, res.last.clock_s);
+    if (whole[i]) out.util_lowest = std::min(out.util_lowest, res.last.utilisation());
+    out.val_loss += res.final_val_loss;
+    ++counted;
+  }
+  out.val_loss /= std::max(1.0, counted);
+  for (const auto& r : records) out.skipped += r.skipped;
   // Each round's arrivals (its leader's records, and a late one's by the next round's leader).
   std::map<std::int64_t, std::vector<double>> by_round;
-  for (const auto& per : arrivals)
-    for (const auto& a : per) {
+  for (const auto& per : records)
+    for (const auto& a : per.arrivals) {
       by_round[a.round].push_back(a.after_start_s);
       out.arrivals.push_back(a.after_start_s);
       if (a.after_start_s <= p95_fault_free) {
@@ -105,10 +179,10 @@ row run(const std::string& name, const dt::comm::round_deadline& deadline, doubl
         if (!a.in) ++out.dropped_within_p95;
       }
     }
-  const int quorum = dt::comm::round_deadline{}.quorum_of(n);  // (half, whatever the row closes with)
   std::vector<double> ratios;
-  for (const auto& per : rounds)
-    for (const auto& rr : per) {
+  for (const auto& per : records)
+    for (const auto& rr : per.rounds) {
+      const int quorum = dt::comm::round_deadline{}.quorum_of(rr.replicas);  // (half, whatever the row closes with)
       ++out.rounds;
       out.contributions += rr.replicas;
       out.dropped += rr.replicas - rr.members;
@@ -121,9 +195,10 @@ row run(const std::string& name, const dt::comm::round_deadline& deadline, doubl
     }
   for (double r : ratios) out.ratio_mean += r / static_cast<double>(ratios.size());
   out.ratio_p95 = percentile(ratios, 0.95);
-  std::fprintf(stderr, "  %s: %.1f simulated s, round / fastest quorum %.3f (p95 %.3f), dropped %lld of %lld\n", name.c_str(),
-               out.simulated_s, out.ratio_mean, out.ratio_p95, static_cast<long long>(out.dropped),
-               static_cast<long long>(out.contributions));
+  std::fprintf(stderr, "  %s: %.1f simulated s, round / fastest quorum %.3f (p95 %.3f), dropped %lld of %lld, %lld kills, %lld views, "
+               "%zu finished\n", name.c_str(), out.simulated_s, out.ratio_mean, out.ratio_p95, static_cast<long long>(out.dropped),
+               static_cast<long long>(out.contributions), static_cast<long long>(out.kills), static_cast<long long>(out.views),
+               finished.size());
   return out;
 }
 
@@ -142,6 +217,16 @@ int main(int argc, char** argv) try {
   const double fixed_s = std::stod(value("fixed-s", "0.1"));
   const double k = std::stod(value("k", "2"));
   const double min_wait = std::stod(value("min-wait", "0.1"));
+  const auto range = [&](const std::string& key, const std::string& fallback) {
+    const std::string text = value(key, fallback);
+    const auto comma = text.find(',');
+    dt::detail::check(comma != std::string::npos, "bench_deadlines: --", key, " takes MIN,MAX seconds, got '", text, "'");
+    return std::pair{std::stod(text.substr(0, comma)), std::stod(text.substr(comma + 1))};
+  };
+  churn_setting churn;
+  std::tie(churn.every_min_s, churn.every_max_s) = range("churn-every", "4,8");
+  std::tie(churn.down_min_s, churn.down_max_s) = range("churn-down", "1,4");
+  churn.seed = std::stoull(value("churn-seed", "1"));
   const std::string json_path = value("json", "deadlines.json");
   std::vector<std::string> only;
   {
@@ -171,8 +256,10 @@ int main(int argc, char** argv) try {
   std::vector<row> rows;
   double p95 = -1;  // the fault-free run's arrival, after its round's start
   for (const auto& name : only) {
-    const auto go = [&](const dt::comm::round_deadline& d, double tail) {
-      rows.push_back(run(name, d, tail, p95 < 0 ? 1e300 : p95, speeds, link, step_seconds, h, recipe.model, opts, recipe.data));
+    const auto go = [&](const dt::comm::round_deadline& d, double tail, bool churning = false) {
+      auto c = churn;
+      c.on = churning;
+      rows.push_back(run(name, d, tail, p95 < 0 ? 1e300 : p95, speeds, link, step_seconds, h, recipe.model, opts, recipe.data, c));
     };
     if (name == "fault-free") {
       go(all, 0.0);
@@ -180,7 +267,9 @@ int main(int argc, char** argv) try {
     } else if (name == "wait-all") go(all, straggle);
     else if (name == "fixed") go(fixed, straggle);
     else if (name == "observed") go(observed, straggle);
-    else dt::detail::fail("bench_deadlines: unknown row '", name, "' (fault-free, wait-all, fixed, observed)");
+    else if (name == "churn-wait-all") go(all, straggle, true);
+    else if (name == "churn") go(observed, straggle, true);
+    else dt::detail::fail("bench_deadlines: unknown row '", name, "' (fault-free, wait-all, fixed, observed, churn-wait-all, churn)");
   }
 
   std::printf("%d in-process peers of speeds", peers);
@@ -189,13 +278,15 @@ int main(int argc, char** argv) try {
               "probability %.3f; fixed timeout %.3f s, observed deadline median + %.1f MAD (at least %.0f%% of the round), quorum half\n",
               link.c_str(), static_cast<long long>(h), static_cast<long long>(opts.steps), step_seconds, straggle, fixed_s, k, 100 * min_wait);
   if (p95 >= 0) std::printf("fault-free 95th-percentile arrival: %.3f s after the round's start\n", p95);
-  std::printf("\n%-11s %11s %14s %13s %9s %16s %8s %11s %9s\n", "run", "simulated s", "round/quorum", "p95", "dropped",
-              "dropped <= p95", "skipped", "least busy", "val loss");
+  std::printf("churn rows: a peer killed every %g-%g simulated s, started again %g-%g s later (seed %llu)\n", churn.every_min_s,
+              churn.every_max_s, churn.down_min_s, churn.down_max_s, static_cast<unsigned long long>(churn.seed));
+  std::printf("\n%-14s %11s %14s %13s %9s %16s %8s %11s %9s %6s %6s\n", "run", "simulated s", "round/quorum", "p95", "dropped",
+              "dropped <= p95", "skipped", "least busy", "val loss", "kills", "views");
   for (const auto& r : rows)
-    std::printf("%-11s %11.1f %13.3fx %12.3fx %4lld/%-4lld %9lld/%-6lld %8lld %10.1f%% %9.4f\n", r.name.c_str(), r.simulated_s, r.ratio_mean,
-                r.ratio_p95, static_cast<long long>(r.dropped), static_cast<long long>(r.contributions),
+    std::printf("%-14s %11.1f %13.3fx %12.3fx %4lld/%-4lld %9lld/%-6lld %8lld %10.1f%% %9.4f %6lld %6lld\n", r.name.c_str(), r.simulated_s,
+                r.ratio_mean, r.ratio_p95, static_cast<long long>(r.dropped), static_cast<long long>(r.contributions),
                 static_cast<long long>(r.dropped_within_p95), static_cast<long long>(r.within_p95), static_cast<long long>(r.skipped),
-                100 * r.util_lowest, r.val_loss);
+                100 * r.util_lowest, r.val_loss, static_cast<long long>(r.kills), static_cast<long long>(r.views));
 
   auto& out = json.stream();
   out << "{\n  \"peers\": " << peers << ", \"link\": \"" << link << "\", \"inner_steps\": " << h << ", \"steps\": " << opts.steps
@@ -207,7 +298,8 @@ int main(int argc, char** argv) try {
         << ", \"round_over_quorum_mean\": " << r.ratio_mean << ", \"round_over_quorum_p95\": " << r.ratio_p95
         << ", \"contributions\": " << r.contributions << ", \"dropped\": " << r.dropped << ", \"within_p95\": " << r.within_p95
         << ", \"dropped_within_p95\": " << r.dropped_within_p95 << ", \"skipped_steps\": " << r.skipped
-        << ", \"util_lowest\": " << r.util_lowest << ", \"val_loss\": " << r.val_loss << "}";
+        << ", \"util_lowest\": " << r.util_lowest << ", \"val_loss\": " << r.val_loss << ", \"kills\": " << r.kills
+        << ", \"views\": " << r.views << "}";
   }
   out << "\n  ]\n}\n";
   json.close();

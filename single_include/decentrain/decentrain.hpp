@@ -30750,8 +30750,8 @@ struct diloco {
   // With a deadline: the step this replica goes on from after a round the group closed without
   // it, where the group is (the trainer asks after each step; 0: go on as usual).
   std::int64_t catch_up() { return std::exchange(go_on_at_, 0); }
-  // Whether it may skip steps (catch_up): not under a fault policy whose steps meet at every
-  // round's start (fault::elastic), which a skipped step would miss.
+  // Whether it may skip steps (catch_up): the replicas then pass a round's start apart, and a
+  // fault policy does not meet there (fault::elastic).
   bool catches_up() const { return deadline.has_value(); }
   // With a deadline: the rounds as the leader closed them, the arrivals, the rounds missed.
   const deadline_rounds& deadlines() const { return deadlines_; }
@@ -37639,6 +37639,8 @@ struct elastic {
   // same parameters): the members ask one another whether any of them sees a joiner ready (one
   // small all-reduce a round, on transports that take joiners), and all start the agreement
   // together, so none is behind another and every member at the target can serve the state.
+  // Where the replicas pass a round's start apart (ctx.replicas_meet_at_round_start false:
+  // DiLoCo's deadline), there is no meeting: see below.
   template <class Ctx>
   void before_step(Ctx& ctx) {
     if (const int guilty = convict(ctx); guilty >= 0)
@@ -37652,7 +37654,10 @@ struct elastic {
                                    transport::describe(*a));
     if (!ctx.round_start || !ctx.network.takes_joiners()) return;
     std::int64_t joiner = ready_joiner(ctx);  // -1: none seen here
-    ctx.comm.all_reduce(std::span<std::int64_t>(&joiner, 1), collective::reduce_op::max);
+    // (replicas that pass a round's start apart, one late skipping it: the member that sees the
+    // joiner starts the agreement alone, the others join it when alarmed, and those behind the
+    // furthest take its state, as after a failure)
+    if (ctx.replicas_meet_at_round_start) ctx.comm.all_reduce(std::span<std::int64_t>(&joiner, 1), collective::reduce_op::max);
     if (joiner >= 0)
       transport::fail_peer_because(transport::failure_cause::joining, static_cast<int>(joiner), "membership",
                                    "elastic: peer ", joiner, " joins the running group (view ", view_.epoch, ", step ",
@@ -38375,6 +38380,10 @@ struct peer_context {
   bool round_start = true;      // the step starts a round of the communication policy (its
                                 // ends_round_at(step - 1); the first step): where every replica
                                 // stands at the same point, and fault::elastic takes joiners in
+  // False where the communication policy lets a replica that came late skip ahead (its
+  // catches_up(): diloco's deadline): the replicas then pass a round's start at different times,
+  // some not at all, so a fault policy must not meet there.
+  bool replicas_meet_at_round_start = true;
   bool resumed = false;         // start() after restore(): the peers' states are already what they should be
   bool joined = false;          // a fault policy's start() sets it when this peer joined a running group:
                                 // its state came from the members, who are mid-run, so its
@@ -39614,10 +39623,10 @@ class trainer {
                                                       "lets the others go on without this peer (fault::elastic)");
     if constexpr (requires { fault_.reform(ctx); })
       if (pipelined_) check_redealable();
-    if constexpr (requires { fault_.reform(ctx); } && requires { { policy_.catches_up() } -> std::convertible_to<bool>; })
-      decentrain::detail::check(!policy_.catches_up(), "trainer: the communication policy lets a late replica skip ",
-                                "steps (diloco's deadline), which ", FaultPolicy::name, " does not allow: its peers meet ",
-                                "at every round's start; use a fault policy without reform (fault::none, checkpoint_every)");
+    if constexpr (requires { fault_.reform(ctx); })
+      decentrain::detail::check(!pipelined_ || !catches_up(), "trainer: the communication policy lets a late replica skip ",
+                                "steps (diloco's deadline), which a pipeline under ", FaultPolicy::name, " does not allow: ",
+                                "its re-deal needs every stage at one step");
     adopted_ = false;
     if constexpr (requires { policy_.size_state(ctx); }) policy_.size_state(ctx);
     std::uint64_t dealt = redealt_;  // the parts ctx was made for
@@ -39975,6 +39984,13 @@ class trainer {
 
   // Whether `step` starts a round of the communication policy (see comm/policy.hpp: a policy
   // without rounds ends one at every step).
+  // Whether the policy lets a replica that came late to a round skip ahead (diloco's deadline).
+  bool catches_up() const {
+    if constexpr (requires { { policy_.catches_up() } -> std::convertible_to<bool>; })
+      return policy_.catches_up();
+    else
+      return false;
+  }
   bool starts_round(std::int64_t step) const {
     if constexpr (requires { { policy_.ends_round_at(step) } -> std::convertible_to<bool>; })
       return step == 0 || policy_.ends_round_at(step - 1);
@@ -40013,6 +40029,7 @@ class trainer {
                    .last_step = false,
                    .run_steps = options_.steps,
                    .round_start = starts_round(step_),
+                   .replicas_meet_at_round_start = !catches_up(),
                    .resumed = resumed_,
                    .joined = false,
                    .capture = [this] { return capture(); },

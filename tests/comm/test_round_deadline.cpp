@@ -189,7 +189,7 @@ std::vector<std::string> errors_of(const policy_type& policy) {
   return errors;
 }
 
-TEST_CASE("round_deadline: diloco refuses it without sized_to_speed, with tune, or under fault::elastic") {
+TEST_CASE("round_deadline: diloco refuses it without sized_to_speed or with tune; fault::elastic takes it") {
   policy_type p;
   p.inner_steps = 4;
   p.deadline = dt::comm::round_deadline{};
@@ -197,8 +197,8 @@ TEST_CASE("round_deadline: diloco refuses it without sized_to_speed, with tune, 
   p.sized_to_speed = true;
   p.tune.emplace();
   for (const auto& e : errors_of(p)) CHECK_THAT(e, Catch::Contains("a deadline needs sized_to_speed, and not tune"));
-  // Under fault::elastic the peers meet at every round's start, which a late replica's skip
-  // would miss: refused before the first step.
+  // fault::elastic does not meet at a round's start where the policy catches up (a late
+  // replica skips it; tests/fault/test_churn.cpp runs the two under churn).
   p.tune.reset();
-  for (const auto& e : errors_of<dt::fault::elastic>(p)) CHECK_THAT(e, Catch::Contains("which elastic does not allow"));
+  for (const auto& e : errors_of<dt::fault::elastic>(p)) CHECK(e.empty());
 }

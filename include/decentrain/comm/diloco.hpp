@@ -259,8 +259,8 @@ struct diloco {
   // With a deadline: the step this replica goes on from after a round the group closed without
   // it, where the group is (the trainer asks after each step; 0: go on as usual).
   std::int64_t catch_up() { return std::exchange(go_on_at_, 0); }
-  // Whether it may skip steps (catch_up): not under a fault policy whose steps meet at every
-  // round's start (fault::elastic), which a skipped step would miss.
+  // Whether it may skip steps (catch_up): the replicas then pass a round's start apart, and a
+  // fault policy does not meet there (fault::elastic).
   bool catches_up() const { return deadline.has_value(); }
   // With a deadline: the rounds as the leader closed them, the arrivals, the rounds missed.
   const deadline_rounds& deadlines() const { return deadlines_; }

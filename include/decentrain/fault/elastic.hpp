@@ -195,6 +195,8 @@ struct elastic {
   // same parameters): the members ask one another whether any of them sees a joiner ready (one
   // small all-reduce a round, on transports that take joiners), and all start the agreement
   // together, so none is behind another and every member at the target can serve the state.
+  // Where the replicas pass a round's start apart (ctx.replicas_meet_at_round_start false:
+  // DiLoCo's deadline), there is no meeting: see below.
   template <class Ctx>
   void before_step(Ctx& ctx) {
     if (const int guilty = convict(ctx); guilty >= 0)
@@ -208,7 +210,10 @@ struct elastic {
                                    transport::describe(*a));
     if (!ctx.round_start || !ctx.network.takes_joiners()) return;
     std::int64_t joiner = ready_joiner(ctx);  // -1: none seen here
-    ctx.comm.all_reduce(std::span<std::int64_t>(&joiner, 1), collective::reduce_op::max);
+    // (replicas that pass a round's start apart, one late skipping it: the member that sees the
+    // joiner starts the agreement alone, the others join it when alarmed, and those behind the
+    // furthest take its state, as after a failure)
+    if (ctx.replicas_meet_at_round_start) ctx.comm.all_reduce(std::span<std::int64_t>(&joiner, 1), collective::reduce_op::max);
     if (joiner >= 0)
       transport::fail_peer_because(transport::failure_cause::joining, static_cast<int>(joiner), "membership",
                                    "elastic: peer ", joiner, " joins the running group (view ", view_.epoch, ", step ",

@@ -89,6 +89,10 @@ struct peer_context {
   bool round_start = true;      // the step starts a round of the communication policy (its
                                 // ends_round_at(step - 1); the first step): where every replica
                                 // stands at the same point, and fault::elastic takes joiners in
+  // False where the communication policy lets a replica that came late skip ahead (its
+  // catches_up(): diloco's deadline): the replicas then pass a round's start at different times,
+  // some not at all, so a fault policy must not meet there.
+  bool replicas_meet_at_round_start = true;
   bool resumed = false;         // start() after restore(): the peers' states are already what they should be
   bool joined = false;          // a fault policy's start() sets it when this peer joined a running group:
                                 // its state came from the members, who are mid-run, so its

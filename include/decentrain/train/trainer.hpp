@@ -150,10 +150,10 @@ class trainer {
                                                       "lets the others go on without this peer (fault::elastic)");
     if constexpr (requires { fault_.reform(ctx); })
       if (pipelined_) check_redealable();
-    if constexpr (requires { fault_.reform(ctx); } && requires { { policy_.catches_up() } -> std::convertible_to<bool>; })
-      decentrain::detail::check(!policy_.catches_up(), "trainer: the communication policy lets a late replica skip ",
-                                "steps (diloco's deadline), which ", FaultPolicy::name, " does not allow: its peers meet ",
-                                "at every round's start; use a fault policy without reform (fault::none, checkpoint_every)");
+    if constexpr (requires { fault_.reform(ctx); })
+      decentrain::detail::check(!pipelined_ || !catches_up(), "trainer: the communication policy lets a late replica skip ",
+                                "steps (diloco's deadline), which a pipeline under ", FaultPolicy::name, " does not allow: ",
+                                "its re-deal needs every stage at one step");
     adopted_ = false;
     if constexpr (requires { policy_.size_state(ctx); }) policy_.size_state(ctx);
     std::uint64_t dealt = redealt_;  // the parts ctx was made for
@@ -511,6 +511,13 @@ class trainer {
 
   // Whether `step` starts a round of the communication policy (see comm/policy.hpp: a policy
   // without rounds ends one at every step).
+  // Whether the policy lets a replica that came late to a round skip ahead (diloco's deadline).
+  bool catches_up() const {
+    if constexpr (requires { { policy_.catches_up() } -> std::convertible_to<bool>; })
+      return policy_.catches_up();
+    else
+      return false;
+  }
   bool starts_round(std::int64_t step) const {
     if constexpr (requires { { policy_.ends_round_at(step) } -> std::convertible_to<bool>; })
       return step == 0 || policy_.ends_round_at(step - 1);
@@ -549,6 +556,7 @@ class trainer {
                    .last_step = false,
                    .run_steps = options_.steps,
                    .round_start = starts_round(step_),
+                   .replicas_meet_at_round_start = !catches_up(),
                    .resumed = resumed_,
                    .joined = false,
                    .capture = [this] { return capture(); },
