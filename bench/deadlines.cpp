@@ -17,6 +17,7 @@
 //                         of simulated seconds, drawn) one running peer killed wherever it stands,
 //                         started again --churn-down later as a joiner that takes the group's state
 //   churn                 observed under the same churn
+// --headroom: the sizing's margin past the slowest replica's time (diloco::headroom).
 // Columns: the simulated time to finish; each round's length (the leader's close, from the
 // round's start) over the fastest quorum's time (the arrival of half the replicas, each replica
 // at the time it came, late or not), mean and 95th percentile; the contributions dropped, of all
@@ -28,7 +29,7 @@
 //   bench_deadlines [--data FILE] [--steps 400] [--peers 8] [--inner-steps 20] [--fastest 4]
 //                   [--link lan] [--step-seconds 0.1] [--straggle 0.02] [--fixed-s 0.1] [--k 2]
 //                   [--min-wait 0.1] [--n-layer 4] [--n-embd 128] [--batch 12]
-//                   [--churn-every 4,8] [--churn-down 1,4] [--churn-seed 1]
+//                   [--churn-every 4,8] [--churn-down 1,4] [--churn-seed 1] [--headroom 0.05] [--seed 1337]
 //                   [--only fault-free,wait-all,fixed,observed,churn-wait-all,churn] [--json deadlines.json]
 #include <algorithm>
 #include <chrono>
@@ -85,11 +86,12 @@ double percentile(std::vector<double> v, double p) {
 
 row run(const std::string& name, const dt::comm::round_deadline& deadline, double straggle, double p95_fault_free,
         const std::vector<double>& speeds, const std::string& link, double step_seconds, std::int64_t h, const dt::nn::gpt_config& cfg,
-        const dt::train::trainer_options& opts, const dt::data::token_dataset& data, const churn_setting& churn = {}) {
+        const dt::train::trainer_options& opts, const dt::data::token_dataset& data, double headroom, std::uint64_t seed,
+        const churn_setting& churn = {}) {
   std::fprintf(stderr, "running %s (%lld steps) ...\n", name.c_str(), static_cast<long long>(opts.steps));
   const int n = static_cast<int>(speeds.size());
   dt::transport::in_process::options o;
-  o.seed = 1337;
+  o.seed = seed;
   o.recv_timeout = std::chrono::minutes(30);
   o.deterministic = dt::transport::in_process::deterministic_run{.step_seconds = step_seconds};
   o.speeds = speeds;
@@ -116,6 +118,7 @@ row run(const std::string& name, const dt::comm::round_deadline& deadline, doubl
   policy.inner_steps = h;
   policy.sized_to_speed = true;
   policy.deadline = deadline;
+  policy.headroom = headroom;
   std::vector<process_records> records;  // every process's
   std::vector<dt::train::fit_result> finished;  // of the processes that trained to the end
   std::vector<bool> whole;                       // ... in one process, from the first step
@@ -227,6 +230,8 @@ int main(int argc, char** argv) try {
   std::tie(churn.every_min_s, churn.every_max_s) = range("churn-every", "4,8");
   std::tie(churn.down_min_s, churn.down_max_s) = range("churn-down", "1,4");
   churn.seed = std::stoull(value("churn-seed", "1"));
+  const double headroom = std::stod(value("headroom", std::to_string(policy_type{}.headroom)));
+  const std::uint64_t seed = std::stoull(value("seed", "1337"));  // (the in-process network's: the straggler tail's draws)
   const std::string json_path = value("json", "deadlines.json");
   std::vector<std::string> only;
   {
@@ -259,7 +264,7 @@ int main(int argc, char** argv) try {
     const auto go = [&](const dt::comm::round_deadline& d, double tail, bool churning = false) {
       auto c = churn;
       c.on = churning;
-      rows.push_back(run(name, d, tail, p95 < 0 ? 1e300 : p95, speeds, link, step_seconds, h, recipe.model, opts, recipe.data, c));
+      rows.push_back(run(name, d, tail, p95 < 0 ? 1e300 : p95, speeds, link, step_seconds, h, recipe.model, opts, recipe.data, headroom, seed, c));
     };
     if (name == "fault-free") {
       go(all, 0.0);
@@ -274,9 +279,9 @@ int main(int argc, char** argv) try {
 
   std::printf("%d in-process peers of speeds", peers);
   for (const double v : speeds) std::printf(" %.2f", v);
-  std::printf(" on '%s' links, DiLoCo sized to speed, H = %lld, %lld steps; an inner step %.2f simulated s at speed 1, 10x with "
+  std::printf(" on '%s' links, DiLoCo sized to speed (headroom %g), H = %lld, %lld steps; an inner step %.2f simulated s at speed 1, 10x with "
               "probability %.3f; fixed timeout %.3f s, observed deadline median + %.1f MAD (at least %.0f%% of the round), quorum half\n",
-              link.c_str(), static_cast<long long>(h), static_cast<long long>(opts.steps), step_seconds, straggle, fixed_s, k, 100 * min_wait);
+              link.c_str(), headroom, static_cast<long long>(h), static_cast<long long>(opts.steps), step_seconds, straggle, fixed_s, k, 100 * min_wait);
   if (p95 >= 0) std::printf("fault-free 95th-percentile arrival: %.3f s after the round's start\n", p95);
   std::printf("churn rows: a peer killed every %g-%g simulated s, started again %g-%g s later (seed %llu)\n", churn.every_min_s,
               churn.every_max_s, churn.down_min_s, churn.down_max_s, static_cast<unsigned long long>(churn.seed));

@@ -22748,6 +22748,7 @@ inline any_aggregator parse_aggregator(std::string_view spec) {
 // over it work unchanged; communicator::group makes one.
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -22811,6 +22812,10 @@ class group_view {
   void allow(transport::tag_type tag, std::uint64_t size) { transport::allow(*parent_, mapped(tag), size); }
   transport::traffic_stats stats() const { return parent_->stats(); }
   void computed(double seconds) { parent_->computed(seconds); }
+  // The parent's clock and wait: a protocol with a deadline on a group (DiLoCo's round deadline
+  // on the view's replicas) keeps a simulated network's time, not the steady clock's.
+  std::chrono::steady_clock::time_point now() const { return transport::now(*parent_); }
+  void pause(std::chrono::milliseconds d) { transport::pause(*parent_, d); }
   std::optional<transport::link_estimate> slowest_link() const { return transport::slowest_link(*parent_); }
   std::optional<double> step_seconds() const { return transport::step_seconds(*parent_); }
   std::optional<group_view> lane() {
@@ -29947,6 +29952,7 @@ class ring_ordering {
 // offsets (each after its round's first arrival) plus k robust deviations (1.4826 times their
 // median absolute deviation, a normal's sigma), and never less than a share of the round's
 // planned compute. Until enough offsets were seen, and with every replica in, it closes at once.
+// The first arrival is of a replica that ran the round whole (see lead).
 // The group message carries the members, the offsets the leader measured and the replicas'
 // speeds, so every replica keeps the same history, and names the next leader: the member with
 // the fewest seconds an inner step (its fine steps absorb a straggling one, so it comes on time
@@ -30021,12 +30027,14 @@ struct deadline_round_record {
   double leader_s = 0;                            // the leader's own arrival (it closes no sooner)
   double deadline_s = 0;                          // the deadline after the first arrival (infinite: every replica waited for)
 };
-// One replica's arrival at a round's end, as the leader took it; `in`: it made the round.
+// One replica's arrival at a round's end, as the leader took it; `in`: it made the round;
+// `part`: it went on partway into the round (it came late to the one before).
 struct deadline_arrival {
   std::int64_t round = 0;
   int replica = -1;
   double after_start_s = 0;
   bool in = false;
+  bool part = false;
 };
 
 // The protocol's state on one replica.
@@ -30063,11 +30071,14 @@ class deadline_rounds {
     return median_of(v);
   }
 
-  // The round's start on this replica's clock (the leader's records count from it).
+  // The round's start on this replica's clock (the leader's records count from it). `part`: the
+  // replica came late to the round before and goes on partway into this one (it skipped steps),
+  // so its arrival is no measure of the round's (see lead).
   template <class Comm>
-  void started(Comm& replicas) {
+  void started(Comm& replicas, bool part = false) {
     previous_first_after_start_ = first_after_start_;
     start_ = now_s(replicas.endpoint());
+    part_ = part;
   }
 
   // At round `round`'s end, with this replica's seconds per inner step this round, the round's
@@ -30090,7 +30101,7 @@ class deadline_rounds {
     if (replicas.rank() != leader_) {
       // (the round's length on this replica's clock: where the leader cannot time the arrival
       // itself, it is its own round's start plus that)
-      const double arrived[3] = {static_cast<double>(round), per_step_s, now_s(ep) - start_};
+      const double arrived[arrival_fields] = {static_cast<double>(round), per_step_s, now_s(ep) - start_, part_ ? 1.0 : 0.0};
       ep.send(leader_, arrival_tag, std::as_bytes(std::span<const double>(arrived)));
       return take_group(d, ep.recv(leader_, group_tag), n, round, replicas.rank());
     }
@@ -30189,6 +30200,9 @@ class deadline_rounds {
  private:
   static constexpr transport::tag_type channel = transport::tag_type{0x646c6e31u} << 32;  // "dln1"
   static constexpr transport::tag_type arrival_tag = channel | 1, group_tag = channel | 2, result_tag = channel | 3;
+  // An arrival: [round, seconds per inner step, the round's length on the replica's clock, part
+  // (1: it went on partway into the round)].
+  static constexpr std::size_t arrival_fields = 4;
 
   // Seconds as text, exactly (%.17g), space after each.
   template <class Seconds>
@@ -30272,7 +30286,15 @@ class deadline_rounds {
     std::vector<double> at(static_cast<std::size_t>(n), std::numeric_limits<double>::quiet_NaN());
     std::vector<double> late(static_cast<std::size_t>(n), -1.0);
     at[static_cast<std::size_t>(me)] = arrived_at;
-    first_ = arrived_at;
+    // The deadline counts from the first arrival of a replica that ran the round whole: one that
+    // went on partway into it (it came late to the round before and skipped steps) comes as its
+    // estimate of the skip has it, early where that ran over, and would close the round on the
+    // others' normal time. Where only such replicas are in, from the first of them.
+    std::vector<char> part(static_cast<std::size_t>(n), 0);
+    part[static_cast<std::size_t>(me)] = part_ ? 1 : 0;
+    const double none = std::numeric_limits<double>::infinity();
+    double first_whole = part_ ? none : arrived_at, first_any = arrived_at;
+    const auto anchor = [&] { return first_whole < none ? first_whole : first_any; };
     std::vector<int> pending;
     for (int r = 0; r < n; ++r)
       if (r != me) pending.push_back(r);
@@ -30282,9 +30304,9 @@ class deadline_rounds {
     // An arrival taken (`exact`: when it arrived on this clock, where the transport knows it):
     // this round's, or one of an earlier round the group closed without it.
     auto take = [&](int source, const transport::bytes& m, double exact) {
-      decentrain::detail::check(m.size() == 3 * sizeof(double), "diloco: replica ", source, " sent an arrival of ", m.size(),
-                                " bytes, where one is ", 3 * sizeof(double));
-      double v[3];
+      decentrain::detail::check(m.size() == arrival_fields * sizeof(double), "diloco: replica ", source, " sent an arrival of ",
+                                m.size(), " bytes, where one is ", arrival_fields * sizeof(double));
+      double v[arrival_fields];
       std::memcpy(v, m.data(), sizeof v);
       decentrain::detail::check(v[0] >= 0 && v[0] <= static_cast<double>(round) && v[0] == std::floor(v[0]), "diloco: replica ",
                                 source, " came to round ", v[0], " where the group is at round ", round);
@@ -30296,7 +30318,9 @@ class deadline_rounds {
       const double when = std::isfinite(exact) ? exact : std::min(now_s(ep), start_ + v[2]);
       if (v[0] == static_cast<double>(round)) {
         at[static_cast<std::size_t>(source)] = when;
-        first_ = std::min(first_, when);
+        part[static_cast<std::size_t>(source)] = v[3] != 0 ? 1 : 0;
+        first_any = std::min(first_any, when);
+        if (v[3] == 0) first_whole = std::min(first_whole, when);
         pending.erase(std::find(pending.begin(), pending.end(), source));
         ++in;
       } else if (v[0] == static_cast<double>(round - 1)) {  // late for the round before (its own round's length)
@@ -30306,7 +30330,7 @@ class deadline_rounds {
     };
     while (!pending.empty()) {
       if (in >= quorum && std::isfinite(deadline)) {
-        const double close_at = first_ + deadline;
+        const double close_at = anchor() + deadline;
         bool took = false;
         for (const int r : std::vector<int>(pending))
           if (auto m = ep.try_recv(r, arrival_tag)) {
@@ -30326,6 +30350,7 @@ class deadline_rounds {
              std::isfinite(lag) && std::abs(t - clock) < 1e-6 ? t - std::max(0.0, lag) : std::numeric_limits<double>::quiet_NaN());
       }
     }
+    first_ = anchor();
     // The quorum's last arrival: the fastest quorum's time.
     std::vector<double> times;
     for (double a : at)
@@ -30355,8 +30380,8 @@ class deadline_rounds {
       }
       c.members.push_back(r);
       group[field(k, 0)] = 1;
-      group[field(k, 1)] = a - first_;
-      record_arrival({round, r, a - start_, true});
+      group[field(k, 1)] = part[k] ? -1.0 : a - first_;  // (a part's arrival is no offset of the round's)
+      record_arrival({round, r, a - start_, true, part[k] != 0});
       const double s = speeds_[k], best = speeds_[static_cast<std::size_t>(next)];
       if (s > 0 && (!(best > 0) || s < best)) next = r;
     }
@@ -30386,7 +30411,8 @@ class deadline_rounds {
   std::vector<double> step_seconds_;  // this round's steps' seconds per inner step
   std::int64_t through_ = -1;         // the last step counted
   int leader_ = 0;  // this round's
-  double start_ = 0, first_ = 0;  // this round's start and (leading) first arrival, on this clock
+  double start_ = 0, first_ = 0;  // this round's start and (leading) the deadline's anchor, on this clock
+  bool part_ = false;             // this replica went on partway into this round
   // The first arrival of the round (the one before), after its start on the leader's clock
   double first_after_start_ = 0, previous_first_after_start_ = 0;
   std::vector<deadline_round_record> rounds_;
@@ -30957,7 +30983,7 @@ struct diloco {
     speed_.next_round_from(slowest, typical, inner_steps, inner_steps - within);
     scatter_values(ctx.parameters, global_);
     weight_.sum = 0;
-    deadlines_.started(ctx.replicas);
+    deadlines_.started(ctx.replicas, within > 0);
   }
 
   round_weight weight_;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -72,6 +73,10 @@ class group_view {
   void allow(transport::tag_type tag, std::uint64_t size) { transport::allow(*parent_, mapped(tag), size); }
   transport::traffic_stats stats() const { return parent_->stats(); }
   void computed(double seconds) { parent_->computed(seconds); }
+  // The parent's clock and wait: a protocol with a deadline on a group (DiLoCo's round deadline
+  // on the view's replicas) keeps a simulated network's time, not the steady clock's.
+  std::chrono::steady_clock::time_point now() const { return transport::now(*parent_); }
+  void pause(std::chrono::milliseconds d) { transport::pause(*parent_, d); }
   std::optional<transport::link_estimate> slowest_link() const { return transport::slowest_link(*parent_); }
   std::optional<double> step_seconds() const { return transport::step_seconds(*parent_); }
   std::optional<group_view> lane() {

@@ -466,7 +466,7 @@ struct diloco {
     speed_.next_round_from(slowest, typical, inner_steps, inner_steps - within);
     scatter_values(ctx.parameters, global_);
     weight_.sum = 0;
-    deadlines_.started(ctx.replicas);
+    deadlines_.started(ctx.replicas, within > 0);
   }
 
   round_weight weight_;
