@@ -204,7 +204,7 @@ std::vector<std::string> errors_of(const policy_type& policy) {
   return errors;
 }
 
-TEST_CASE("round_deadline: diloco refuses it without sized_to_speed or with tune; fault::elastic takes it") {
+TEST_CASE("round_deadline: diloco refuses it without sized_to_speed or with tune, and fault::elastic takes it") {
   policy_type p;
   p.inner_steps = 4;
   p.deadline = dt::comm::round_deadline{};
