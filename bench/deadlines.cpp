@@ -161,15 +161,13 @@ row run(const std::string& name, const dt::comm::round_deadline& deadline, doubl
     });
     out.views = static_cast<std::int64_t>(epochs.size());
   }
-  double counted = 0;
   for (std::size_t i = 0; i < finished.size(); ++i) {
     const auto& res = finished[i];
     out.simulated_s = std::max(out.simulated_s, res.last.clock_s);
     if (whole[i]) out.util_lowest = std::min(out.util_lowest, res.last.utilisation());
     out.val_loss += res.final_val_loss;
-    ++counted;
   }
-  out.val_loss /= std::max(1.0, counted);
+  out.val_loss /= static_cast<double>(std::max<std::size_t>(1, finished.size()));
   for (const auto& r : records) out.skipped += r.skipped;
   // Each round's arrivals (its leader's records, and a late one's by the next round's leader).
   std::map<std::int64_t, std::vector<double>> by_round;

@@ -86,13 +86,10 @@ churn_run simulate(std::uint64_t churn_seed, std::int64_t steps, bool deadline =
     comm.deadline.emplace();
   }
   dt::fault::elastic fault;
-  fault.agreement.timeout = std::chrono::milliseconds(5000);
-  if (deadline) {
-    // (a straggling inner step, up to 10 s, is not a frozen peer: the alarm is seen at a step's
-    // start; members take a joiner in at a round's start, rounds of about 10 s)
-    fault.agreement.timeout = std::chrono::milliseconds(15000);
-    fault.admission_timeout = std::chrono::milliseconds(45000);
-  }
+  // (with a deadline: a straggling inner step, up to 10 s, is not a frozen peer, the alarm being
+  // seen at a step's start; members take a joiner in at a round's start, rounds of about 10 s)
+  fault.agreement.timeout = std::chrono::milliseconds(deadline ? 15000 : 5000);
+  if (deadline) fault.admission_timeout = std::chrono::milliseconds(45000);
   std::mutex m;
   net.run([&](dt::transport::in_process::endpoint& ep) {
     const auto key = std::pair{ep.rank(), net.restarts(ep.rank())};
