@@ -10631,11 +10631,12 @@ struct checkpoint {
 
 // State that belongs to one peer alone, which another peer must not take over: what an
 // error-feedback codec has not sent yet (a member that took it from a donor would send the
-// donor's unsent mass a second time). It lives under keys with an "own." segment. A state handed
+// donor's unsent mass a second time), or what a peer measured of itself (its seconds an inner
+// step: comm/round_deadline.hpp). It lives under keys with an "own." segment. A state handed
 // to another peer leaves it out and says so; a component loading such a state keeps its own (a
-// joiner's own is empty: it has not sent anything yet). A peer that leaves on purpose hands its
-// own tensors to another, which adds them to its own (add_own_tensors below): own tensors are
-// mass that adds up.
+// joiner's own is empty: it has not sent or measured anything yet). A peer that leaves on purpose
+// hands its own tensors to another, which adds them to its own (add_own_tensors below): own
+// tensors are mass that adds up; own counters and text (measures, counts) are never handed on.
 inline bool is_own_key(std::string_view key) { return key.starts_with("own.") || key.find(".own.") != std::string_view::npos; }
 inline constexpr const char* own_state_left_out = "checkpoint.own_state_left_out";
 inline void leave_out_own_state(checkpoint& c) {
@@ -10649,8 +10650,8 @@ inline void leave_out_own_state(checkpoint& c) {
 inline bool leaves_out_own_state(const checkpoint& c) { return c.counters.contains(own_state_left_out); }
 
 // Adds `theirs` (another peer's own tensors: fault/handoff.hpp, a peer that left handing over
-// its unsent residual) into the same tensors of `mine`: own state is mass that adds up, so any
-// own state a component keeps must be such (a residual, not a counter). A tensor `mine` holds
+// its unsent residual) into the same tensors of `mine`: own tensors are mass that adds up, so
+// any a component keeps must be such (a residual, not a measure: those are own counters or text). A tensor `mine` holds
 // empty (a codec that has not encoded yet) takes theirs as it is. Refused, naming `what` ("the
 // handoff from peer 3") and the problem, unless each is an own f32 tensor that `mine` holds (empty
 // or with as many values), every value and every sum is finite, and theirs is at most
@@ -27997,6 +27998,8 @@ struct speed_sizing {
     compute_s = 0;
     steps = 0;
   }
+  // This replica's seconds per inner step as measured (since the sizing, else at it; 0: none).
+  double pace() const { return steps > 0 && compute_s > 0 ? compute_s / static_cast<double>(steps) : per_step_s; }
   // This replica's seconds per inner step since the sizing (0: none taken).
   double seconds_per_step() const { return steps > 0 ? compute_s / static_cast<double>(steps) : 0.0; }
   // The deadline again for a round of `inner_steps` with `steps_left` after this step (a tuned
@@ -28035,8 +28038,10 @@ struct speed_sizing {
   }
   // A checkpoint without them (written before sizing, or by a replica that did not size) starts
   // unmeasured; one without a deadline (written before deadlines) takes one inner step a step
-  // until the round's end.
+  // until the round's end. Another replica's state (one handed over: fault::elastic's adopt)
+  // brings the round's time left, not the pace: see go_on_at_own_pace.
   void load(const io::checkpoint& c, const std::string& prefix) {
+    const double own = pace();
     reset();
     const auto seconds = load_exact(c, prefix + "speed_compute_s", "a number of seconds");
     if (!seconds) return;
@@ -28049,12 +28054,30 @@ struct speed_sizing {
     through = c.counter(prefix + "speed_through");
     decentrain::detail::check(steps >= 0 && round_steps >= 0, "checkpoint: '", prefix, "speed_steps' (", steps, ") or '",
                               prefix, "speed_round_steps' (", round_steps, ") is negative");
+    if (io::leaves_out_own_state(c)) go_on_at_own_pace(own);
   }
 
  private:
   // A step's seconds: the slowest replica's inner step (this one's, where it measured slower),
   // and the margin.
   double step_s() const { return std::max(slowest_s, per_step_s) * (1 + headroom); }
+  // A state taken from another replica mid-round (loaded over this one's, whose pace was `own`):
+  // the round's time left is the donor's deadline less what it computed, and this replica fills
+  // it at its own pace, not the donor's. Taken as it stood, a fast replica would plan at a slow
+  // donor's pace for the rest of the round, and report that pace as its own at the round's end,
+  // where the slowest replica's sizes every replica's next round. A replica with no pace yet (a
+  // joiner) plans at the donor's until its own steps measure it.
+  void go_on_at_own_pace(double own) {
+    const double donor = pace(), left = std::max(0.0, deadline_s - compute_s);
+    compute_s = 0;
+    steps = 0;
+    per_step_s = own > 0 ? own : donor;
+    if (deadline_s > 0) deadline_s = left;
+    if (round_steps > 0 && donor > 0 && per_step_s > 0) {
+      const double faster = std::clamp(donor / per_step_s, 1.0 / max_ratio, static_cast<double>(max_ratio));
+      round_steps = std::max<std::int64_t>(1, std::llround(static_cast<double>(round_steps) * faster));
+    }
+  }
   void plan_round(std::int64_t inner_steps) {
     round_steps = std::min(max_ratio * inner_steps,
                            std::max<std::int64_t>(inner_steps, std::llround(static_cast<double>(inner_steps) * step_s() / per_step_s)));
@@ -30028,7 +30051,7 @@ struct deadline_round_record {
   double deadline_s = 0;                          // the deadline after the first arrival (infinite: every replica waited for)
 };
 // One replica's arrival at a round's end, as the leader took it; `in`: it made the round;
-// `part`: it went on partway into the round (it came late to the one before).
+// `part`: its arrival is no measure of the round's length (see deadline_rounds::started).
 struct deadline_arrival {
   std::int64_t round = 0;
   int replica = -1;
@@ -30072,8 +30095,10 @@ class deadline_rounds {
   }
 
   // The round's start on this replica's clock (the leader's records count from it). `part`: the
-  // replica came late to the round before and goes on partway into this one (it skipped steps),
-  // so its arrival is no measure of the round's (see lead).
+  // replica's arrival will be no measure of the round's length (see lead): it goes on partway
+  // into the round (it came late to the one before and skipped steps; it was restored, or took
+  // another replica's state, mid-round), or plans it at a pace it has not measured (a joiner's
+  // first round).
   template <class Comm>
   void started(Comm& replicas, bool part = false) {
     previous_first_after_start_ = first_after_start_;
@@ -30155,20 +30180,29 @@ class deadline_rounds {
   std::int64_t missed() const { return missed_; }  // rounds this replica missed
   std::int64_t dropped() const { return dropped_; }  // replicas' rounds the leader closed without
 
+  // This replica's own (io/checkpoint.hpp: left out of a state handed to another replica): its
+  // steps' seconds this round, and what it missed or dropped.
   void save(io::checkpoint& c, const std::string& prefix) const {
     c.text[prefix + "deadline.offsets"] = seconds_text(offsets_);
-    c.text[prefix + "deadline.step_seconds"] = seconds_text(step_seconds_);
+    c.text[prefix + "deadline.own.step_seconds"] = seconds_text(step_seconds_);
     c.counters[prefix + "deadline.through"] = through_;
-    c.counters[prefix + "deadline.missed"] = missed_;
-    c.counters[prefix + "deadline.dropped"] = dropped_;
+    c.counters[prefix + "deadline.own.missed"] = missed_;
+    c.counters[prefix + "deadline.own.dropped"] = dropped_;
     c.counters[prefix + "deadline.leader"] = leader_;
   }
+  // Another replica's state (one handed over: fault::elastic's adopt) keeps this replica's own:
+  // its speed, which the round's leader sizes the next round by, is not the donor's. Nor did
+  // this replica run the round it lands in whole (its arrival is a part's).
   void load(const io::checkpoint& c, const std::string& prefix) {
+    const bool handed = io::leaves_out_own_state(c);
+    part_ = part_ || handed;
     offsets_.clear();
-    step_seconds_.clear();
-    missed_ = dropped_ = 0;
     leader_ = 0;
     through_ = -1;
+    if (!handed) {
+      step_seconds_.clear();
+      missed_ = dropped_ = 0;
+    }
     const auto it = c.text.find(prefix + "deadline.offsets");
     if (it == c.text.end()) return;
     const auto seconds = [&](const std::string& name, auto& into) {
@@ -30187,14 +30221,20 @@ class deadline_rounds {
     };
     seconds("deadline.offsets", offsets_);
     while (offsets_.size() > max_records) offsets_.pop_front();
-    seconds("deadline.step_seconds", step_seconds_);
     const auto through = c.counters.find(prefix + "deadline.through");
     through_ = through == c.counters.end() ? -1 : through->second;
-    missed_ = c.counter(prefix + "deadline.missed");
-    dropped_ = c.counter(prefix + "deadline.dropped");
     const auto leader = c.counters.find(prefix + "deadline.leader");
     leader_ = leader == c.counters.end() ? 0 : static_cast<int>(leader->second);
     decentrain::detail::check(leader_ >= 0, "checkpoint: '", prefix, "deadline.leader' is ", leader_);
+    if (handed) return;
+    // (named without "own." in checkpoints written before handed states left them out)
+    const auto own = [&](const std::string& name) {
+      const std::string key = "deadline.own." + name;
+      return c.text.contains(prefix + key) || c.counters.contains(prefix + key) ? key : "deadline." + name;
+    };
+    seconds(own("step_seconds"), step_seconds_);
+    missed_ = c.counter(prefix + own("missed"));
+    dropped_ = c.counter(prefix + own("dropped"));
   }
 
  private:
@@ -30286,10 +30326,11 @@ class deadline_rounds {
     std::vector<double> at(static_cast<std::size_t>(n), std::numeric_limits<double>::quiet_NaN());
     std::vector<double> late(static_cast<std::size_t>(n), -1.0);
     at[static_cast<std::size_t>(me)] = arrived_at;
-    // The deadline counts from the first arrival of a replica that ran the round whole: one that
-    // went on partway into it (it came late to the round before and skipped steps) comes as its
-    // estimate of the skip has it, early where that ran over, and would close the round on the
-    // others' normal time. Where only such replicas are in, from the first of them.
+    // The deadline counts from the first arrival of a replica that ran the round whole at its own
+    // pace: one that went on partway into it (it came late to the round before and skipped
+    // steps) comes as its estimate of the skip has it, early where that ran over, and one that
+    // planned at a guessed pace (a joiner's first round) as the guess has it; either would close
+    // the round on the others' normal time. Where only such replicas are in, from the first of them.
     std::vector<char> part(static_cast<std::size_t>(n), 0);
     part[static_cast<std::size_t>(me)] = part_ ? 1 : 0;
     const double none = std::numeric_limits<double>::infinity();
@@ -30658,7 +30699,8 @@ struct diloco {
       layout_ = layout_of(ctx.parameters);
       for (auto& c : tune->codecs) compress::set_layout(c, layout_);
     }
-    deadlines_.started(ctx.replicas);
+    // (restored or taken mid-round: this replica runs the rest of it, no whole round's measure)
+    deadlines_.started(ctx.replicas, ctx.resumed && ctx.step % inner_steps != 0);
     go_on_at_ = 0;
     if (ctx.resumed) {  // restored: local parameters may be mid-round, the global ones came with the state
       decentrain::detail::check(global_.size() == flat_size(ctx.parameters), "diloco: restored state has ", global_.size(),
@@ -30852,8 +30894,8 @@ struct diloco {
     load_codec(codec, c, "comm.diloco.codec.");
     weight_.load(c, "comm.diloco.");
     deadlines_.load(c, "comm.diloco.");
-    speed_.reset();
-    if (sizes()) speed_.load(c, "comm.diloco.");
+    if (sizes()) speed_.load(c, "comm.diloco.");  // (another replica's state: at this one's own pace)
+    else speed_.reset();
   }
   // This round's inner steps on this replica as planned when sized (sized_to_speed; inner_steps
   // until it measured).
@@ -30934,10 +30976,12 @@ struct diloco {
   template <class Ctx>
   void end_round_by_deadline(Ctx& ctx) {
     const double overrun = speed_.compute_s - speed_.deadline_s;  // compute past the round's plan
-    // (the typical inner step, a straggling one left out, plans the next round)
-    const double typical = deadlines_.typical_step_s() > 0 ? deadlines_.typical_step_s() : speed_.seconds_per_step();
-    const auto group = deadlines_.close(*deadline, ctx.replicas, rounds_, typical, speed_.deadline_s,
-                                        delta_.size() * sizeof(float));
+    // This replica's typical inner step, a straggling one left out, goes to the leader (0: none
+    // measured, as after taking a state at the round's end: the leader keeps no speed for it), and
+    // plans its next round (unmeasured: at the pace it took with the state, a guess).
+    const double own = deadlines_.typical_step_s() > 0 ? deadlines_.typical_step_s() : speed_.seconds_per_step();
+    const double typical = own > 0 ? own : speed_.pace();
+    const auto group = deadlines_.close(*deadline, ctx.replicas, rounds_, own, speed_.deadline_s, delta_.size() * sizeof(float));
     std::int64_t behind = 0;  // whole rounds the group closed without this replica
     if (group.in) {
       std::optional<double> w = weight_if(weighs(), weight_.sum);
@@ -30983,7 +31027,8 @@ struct diloco {
     speed_.next_round_from(slowest, typical, inner_steps, inner_steps - within);
     scatter_values(ctx.parameters, global_);
     weight_.sum = 0;
-    deadlines_.started(ctx.replicas, within > 0);
+    // (a round planned at a guessed pace is no measure of a round either)
+    deadlines_.started(ctx.replicas, within > 0 || !(own > 0));
   }
 
   round_weight weight_;

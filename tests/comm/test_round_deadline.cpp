@@ -122,6 +122,44 @@ TEST_CASE("round_deadline: the deadline is the offsets' median plus k robust dev
   CHECK(dt::comm::round_deadline{}.quorum_of(5) == 3);
 }
 
+TEST_CASE("round_deadline: a state taken from another replica keeps this one's own speed and counts") {
+  // The donor's: its offsets (the group's), and its own steps' seconds (1 s an inner step), the
+  // rounds it missed and the arrivals it dropped.
+  dt::comm::deadline_rounds donor;
+  dt::io::checkpoint saved = offsets("0.1 0.2 0.3 0.4 5");
+  saved.counters["p.deadline.missed"] = 3;
+  saved.counters["p.deadline.dropped"] = 7;
+  donor.load(saved, "p.");  // (a checkpoint written before these were a peer's own: their old names)
+  donor.add_step(0, 1.0, 1);
+  donor.add_step(1, 2.0, 2);
+  CHECK(donor.typical_step_s() == 1.0);
+  CHECK(donor.missed() == 3);
+  dt::io::checkpoint handed;
+  donor.save(handed, "p.");
+  dt::io::leave_out_own_state(handed);
+  // A replica at 0.25 s an inner step that missed one round takes it: the offsets are the
+  // donor's (the deadline the group sets), the speed and counts its own.
+  dt::comm::deadline_rounds fast;
+  fast.add_step(0, 1.0, 4);
+  dt::io::checkpoint before;
+  fast.save(before, "p.");
+  before.counters["p.deadline.own.missed"] = 1;
+  fast.load(before, "p.");
+  fast.load(handed, "p.");
+  const dt::comm::round_deadline d;
+  CHECK(fast.deadline_s(d, 3, 1.0) == donor.deadline_s(d, 3, 1.0));
+  CHECK(fast.typical_step_s() == 0.25);
+  CHECK(fast.missed() == 1);
+  CHECK(fast.dropped() == 0);
+  // Its own checkpoint (a resume) restores its own as saved.
+  dt::io::checkpoint mine;
+  donor.save(mine, "p.");
+  fast.load(mine, "p.");
+  CHECK(fast.typical_step_s() == 1.0);
+  CHECK(fast.missed() == 3);
+  CHECK(fast.dropped() == 7);
+}
+
 TEST_CASE("round_deadline: rounds close without a straggler, which catches up, and every replica ends alike") {
   const std::vector<double> speeds{1, 1, 2, 4};
   const auto run = train(speeds, 0.04, dt::comm::round_deadline{});

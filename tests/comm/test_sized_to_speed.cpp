@@ -472,6 +472,45 @@ TEST_CASE("speed_sizing: the rest of a round sized late counts what its own step
   CHECK(sized_late(35, 5) == Approx(5 + 30 - 7.5));
 }
 
+TEST_CASE("speed_sizing: a state taken from another replica mid-round goes on at this replica's own pace") {
+  // The donor: a round of 10 s (10 of the slowest replica's 1 s inner steps), 4 s computed at
+  // 1 s an inner step; its state handed over (fault::elastic's adopt leaves a peer's own out).
+  dt::comm::speed_sizing donor;
+  donor.slowest_s = donor.per_step_s = 1.0;
+  donor.set_round(10, 10);
+  donor.compute_s = 4.0;
+  donor.steps = 4;
+  dt::io::checkpoint handed;
+  donor.save(handed, "p.");
+  dt::io::leave_out_own_state(handed);
+  // A replica 4x as fast, measured at 0.25 s (8 inner steps in 2 s), takes it: the round's 6 s
+  // left are its own pace's 24 inner steps, 4 a step over the 6 steps left, not the donor's 1.
+  dt::comm::speed_sizing fast;
+  fast.compute_s = 2.0;
+  fast.steps = 8;
+  fast.load(handed, "p.");
+  CHECK(fast.pace() == 0.25);
+  CHECK(fast.deadline_s == 6.0);
+  CHECK(fast.seconds_per_step() == 0);  // (what it measures from here is its own)
+  CHECK(fast.slowest_s == 1.0);
+  CHECK(fast.share(6) == 4);
+  CHECK(fast.round_steps == 40);
+  // A joiner (no pace of its own yet) plans at the donor's until its steps measure it.
+  dt::comm::speed_sizing joiner;
+  joiner.load(handed, "p.");
+  CHECK(joiner.pace() == 1.0);
+  CHECK(joiner.deadline_s == 6.0);
+  CHECK(joiner.share(6) == 1);
+  // A replica's own checkpoint (a resume) restores it as saved, pace and all.
+  dt::io::checkpoint own;
+  donor.save(own, "p.");
+  dt::comm::speed_sizing resumed = fast;
+  resumed.load(own, "p.");
+  CHECK(resumed.pace() == 1.0);
+  CHECK(resumed.deadline_s == 10.0);
+  CHECK(resumed.compute_s == 4.0);
+}
+
 TEST_CASE("diloco sized_to_speed: a round's inner steps spread evenly over its steps, and what it refuses") {
   dt::comm::diloco<> d;
   d.inner_steps = 4;

@@ -177,7 +177,7 @@ TEST_CASE("churn simulator: rounds closed at a deadline go on through kills and 
   std::int64_t dropped = 0, missed = 0, skipped = 0, led = 0;
   for (const auto& [key, r] : a.processes) {
     led += r.led;
-    if (key.second == 0 && !r.params.empty()) {  // (a process started again took its counts from a donor)
+    if (key.second == 0 && !r.params.empty()) {  // (a process started again counts from its start)
       dropped = std::max(dropped, r.dropped);
       missed = std::max(missed, r.missed);
       skipped = std::max(skipped, r.skipped);

@@ -141,7 +141,8 @@ struct diloco {
       layout_ = layout_of(ctx.parameters);
       for (auto& c : tune->codecs) compress::set_layout(c, layout_);
     }
-    deadlines_.started(ctx.replicas);
+    // (restored or taken mid-round: this replica runs the rest of it, no whole round's measure)
+    deadlines_.started(ctx.replicas, ctx.resumed && ctx.step % inner_steps != 0);
     go_on_at_ = 0;
     if (ctx.resumed) {  // restored: local parameters may be mid-round, the global ones came with the state
       decentrain::detail::check(global_.size() == flat_size(ctx.parameters), "diloco: restored state has ", global_.size(),
@@ -335,8 +336,8 @@ struct diloco {
     load_codec(codec, c, "comm.diloco.codec.");
     weight_.load(c, "comm.diloco.");
     deadlines_.load(c, "comm.diloco.");
-    speed_.reset();
-    if (sizes()) speed_.load(c, "comm.diloco.");
+    if (sizes()) speed_.load(c, "comm.diloco.");  // (another replica's state: at this one's own pace)
+    else speed_.reset();
   }
   // This round's inner steps on this replica as planned when sized (sized_to_speed; inner_steps
   // until it measured).
@@ -417,10 +418,12 @@ struct diloco {
   template <class Ctx>
   void end_round_by_deadline(Ctx& ctx) {
     const double overrun = speed_.compute_s - speed_.deadline_s;  // compute past the round's plan
-    // (the typical inner step, a straggling one left out, plans the next round)
-    const double typical = deadlines_.typical_step_s() > 0 ? deadlines_.typical_step_s() : speed_.seconds_per_step();
-    const auto group = deadlines_.close(*deadline, ctx.replicas, rounds_, typical, speed_.deadline_s,
-                                        delta_.size() * sizeof(float));
+    // This replica's typical inner step, a straggling one left out, goes to the leader (0: none
+    // measured, as after taking a state at the round's end: the leader keeps no speed for it), and
+    // plans its next round (unmeasured: at the pace it took with the state, a guess).
+    const double own = deadlines_.typical_step_s() > 0 ? deadlines_.typical_step_s() : speed_.seconds_per_step();
+    const double typical = own > 0 ? own : speed_.pace();
+    const auto group = deadlines_.close(*deadline, ctx.replicas, rounds_, own, speed_.deadline_s, delta_.size() * sizeof(float));
     std::int64_t behind = 0;  // whole rounds the group closed without this replica
     if (group.in) {
       std::optional<double> w = weight_if(weighs(), weight_.sum);
@@ -466,7 +469,8 @@ struct diloco {
     speed_.next_round_from(slowest, typical, inner_steps, inner_steps - within);
     scatter_values(ctx.parameters, global_);
     weight_.sum = 0;
-    deadlines_.started(ctx.replicas, within > 0);
+    // (a round planned at a guessed pace is no measure of a round either)
+    deadlines_.started(ctx.replicas, within > 0 || !(own > 0));
   }
 
   round_weight weight_;

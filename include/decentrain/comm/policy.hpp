@@ -290,6 +290,8 @@ struct speed_sizing {
     compute_s = 0;
     steps = 0;
   }
+  // This replica's seconds per inner step as measured (since the sizing, else at it; 0: none).
+  double pace() const { return steps > 0 && compute_s > 0 ? compute_s / static_cast<double>(steps) : per_step_s; }
   // This replica's seconds per inner step since the sizing (0: none taken).
   double seconds_per_step() const { return steps > 0 ? compute_s / static_cast<double>(steps) : 0.0; }
   // The deadline again for a round of `inner_steps` with `steps_left` after this step (a tuned
@@ -328,8 +330,10 @@ struct speed_sizing {
   }
   // A checkpoint without them (written before sizing, or by a replica that did not size) starts
   // unmeasured; one without a deadline (written before deadlines) takes one inner step a step
-  // until the round's end.
+  // until the round's end. Another replica's state (one handed over: fault::elastic's adopt)
+  // brings the round's time left, not the pace: see go_on_at_own_pace.
   void load(const io::checkpoint& c, const std::string& prefix) {
+    const double own = pace();
     reset();
     const auto seconds = load_exact(c, prefix + "speed_compute_s", "a number of seconds");
     if (!seconds) return;
@@ -342,12 +346,30 @@ struct speed_sizing {
     through = c.counter(prefix + "speed_through");
     decentrain::detail::check(steps >= 0 && round_steps >= 0, "checkpoint: '", prefix, "speed_steps' (", steps, ") or '",
                               prefix, "speed_round_steps' (", round_steps, ") is negative");
+    if (io::leaves_out_own_state(c)) go_on_at_own_pace(own);
   }
 
  private:
   // A step's seconds: the slowest replica's inner step (this one's, where it measured slower),
   // and the margin.
   double step_s() const { return std::max(slowest_s, per_step_s) * (1 + headroom); }
+  // A state taken from another replica mid-round (loaded over this one's, whose pace was `own`):
+  // the round's time left is the donor's deadline less what it computed, and this replica fills
+  // it at its own pace, not the donor's. Taken as it stood, a fast replica would plan at a slow
+  // donor's pace for the rest of the round, and report that pace as its own at the round's end,
+  // where the slowest replica's sizes every replica's next round. A replica with no pace yet (a
+  // joiner) plans at the donor's until its own steps measure it.
+  void go_on_at_own_pace(double own) {
+    const double donor = pace(), left = std::max(0.0, deadline_s - compute_s);
+    compute_s = 0;
+    steps = 0;
+    per_step_s = own > 0 ? own : donor;
+    if (deadline_s > 0) deadline_s = left;
+    if (round_steps > 0 && donor > 0 && per_step_s > 0) {
+      const double faster = std::clamp(donor / per_step_s, 1.0 / max_ratio, static_cast<double>(max_ratio));
+      round_steps = std::max<std::int64_t>(1, std::llround(static_cast<double>(round_steps) * faster));
+    }
+  }
   void plan_round(std::int64_t inner_steps) {
     round_steps = std::min(max_ratio * inner_steps,
                            std::max<std::int64_t>(inner_steps, std::llround(static_cast<double>(inner_steps) * step_s() / per_step_s)));

@@ -86,7 +86,7 @@ struct deadline_round_record {
   double deadline_s = 0;                          // the deadline after the first arrival (infinite: every replica waited for)
 };
 // One replica's arrival at a round's end, as the leader took it; `in`: it made the round;
-// `part`: it went on partway into the round (it came late to the one before).
+// `part`: its arrival is no measure of the round's length (see deadline_rounds::started).
 struct deadline_arrival {
   std::int64_t round = 0;
   int replica = -1;
@@ -130,8 +130,10 @@ class deadline_rounds {
   }
 
   // The round's start on this replica's clock (the leader's records count from it). `part`: the
-  // replica came late to the round before and goes on partway into this one (it skipped steps),
-  // so its arrival is no measure of the round's (see lead).
+  // replica's arrival will be no measure of the round's length (see lead): it goes on partway
+  // into the round (it came late to the one before and skipped steps; it was restored, or took
+  // another replica's state, mid-round), or plans it at a pace it has not measured (a joiner's
+  // first round).
   template <class Comm>
   void started(Comm& replicas, bool part = false) {
     previous_first_after_start_ = first_after_start_;
@@ -213,20 +215,29 @@ class deadline_rounds {
   std::int64_t missed() const { return missed_; }  // rounds this replica missed
   std::int64_t dropped() const { return dropped_; }  // replicas' rounds the leader closed without
 
+  // This replica's own (io/checkpoint.hpp: left out of a state handed to another replica): its
+  // steps' seconds this round, and what it missed or dropped.
   void save(io::checkpoint& c, const std::string& prefix) const {
     c.text[prefix + "deadline.offsets"] = seconds_text(offsets_);
-    c.text[prefix + "deadline.step_seconds"] = seconds_text(step_seconds_);
+    c.text[prefix + "deadline.own.step_seconds"] = seconds_text(step_seconds_);
     c.counters[prefix + "deadline.through"] = through_;
-    c.counters[prefix + "deadline.missed"] = missed_;
-    c.counters[prefix + "deadline.dropped"] = dropped_;
+    c.counters[prefix + "deadline.own.missed"] = missed_;
+    c.counters[prefix + "deadline.own.dropped"] = dropped_;
     c.counters[prefix + "deadline.leader"] = leader_;
   }
+  // Another replica's state (one handed over: fault::elastic's adopt) keeps this replica's own:
+  // its speed, which the round's leader sizes the next round by, is not the donor's. Nor did
+  // this replica run the round it lands in whole (its arrival is a part's).
   void load(const io::checkpoint& c, const std::string& prefix) {
+    const bool handed = io::leaves_out_own_state(c);
+    part_ = part_ || handed;
     offsets_.clear();
-    step_seconds_.clear();
-    missed_ = dropped_ = 0;
     leader_ = 0;
     through_ = -1;
+    if (!handed) {
+      step_seconds_.clear();
+      missed_ = dropped_ = 0;
+    }
     const auto it = c.text.find(prefix + "deadline.offsets");
     if (it == c.text.end()) return;
     const auto seconds = [&](const std::string& name, auto& into) {
@@ -245,14 +256,20 @@ class deadline_rounds {
     };
     seconds("deadline.offsets", offsets_);
     while (offsets_.size() > max_records) offsets_.pop_front();
-    seconds("deadline.step_seconds", step_seconds_);
     const auto through = c.counters.find(prefix + "deadline.through");
     through_ = through == c.counters.end() ? -1 : through->second;
-    missed_ = c.counter(prefix + "deadline.missed");
-    dropped_ = c.counter(prefix + "deadline.dropped");
     const auto leader = c.counters.find(prefix + "deadline.leader");
     leader_ = leader == c.counters.end() ? 0 : static_cast<int>(leader->second);
     decentrain::detail::check(leader_ >= 0, "checkpoint: '", prefix, "deadline.leader' is ", leader_);
+    if (handed) return;
+    // (named without "own." in checkpoints written before handed states left them out)
+    const auto own = [&](const std::string& name) {
+      const std::string key = "deadline.own." + name;
+      return c.text.contains(prefix + key) || c.counters.contains(prefix + key) ? key : "deadline." + name;
+    };
+    seconds(own("step_seconds"), step_seconds_);
+    missed_ = c.counter(prefix + own("missed"));
+    dropped_ = c.counter(prefix + own("dropped"));
   }
 
  private:
@@ -344,10 +361,11 @@ class deadline_rounds {
     std::vector<double> at(static_cast<std::size_t>(n), std::numeric_limits<double>::quiet_NaN());
     std::vector<double> late(static_cast<std::size_t>(n), -1.0);
     at[static_cast<std::size_t>(me)] = arrived_at;
-    // The deadline counts from the first arrival of a replica that ran the round whole: one that
-    // went on partway into it (it came late to the round before and skipped steps) comes as its
-    // estimate of the skip has it, early where that ran over, and would close the round on the
-    // others' normal time. Where only such replicas are in, from the first of them.
+    // The deadline counts from the first arrival of a replica that ran the round whole at its own
+    // pace: one that went on partway into it (it came late to the round before and skipped
+    // steps) comes as its estimate of the skip has it, early where that ran over, and one that
+    // planned at a guessed pace (a joiner's first round) as the guess has it; either would close
+    // the round on the others' normal time. Where only such replicas are in, from the first of them.
     std::vector<char> part(static_cast<std::size_t>(n), 0);
     part[static_cast<std::size_t>(me)] = part_ ? 1 : 0;
     const double none = std::numeric_limits<double>::infinity();

@@ -63,11 +63,12 @@ struct checkpoint {
 
 // State that belongs to one peer alone, which another peer must not take over: what an
 // error-feedback codec has not sent yet (a member that took it from a donor would send the
-// donor's unsent mass a second time). It lives under keys with an "own." segment. A state handed
+// donor's unsent mass a second time), or what a peer measured of itself (its seconds an inner
+// step: comm/round_deadline.hpp). It lives under keys with an "own." segment. A state handed
 // to another peer leaves it out and says so; a component loading such a state keeps its own (a
-// joiner's own is empty: it has not sent anything yet). A peer that leaves on purpose hands its
-// own tensors to another, which adds them to its own (add_own_tensors below): own tensors are
-// mass that adds up.
+// joiner's own is empty: it has not sent or measured anything yet). A peer that leaves on purpose
+// hands its own tensors to another, which adds them to its own (add_own_tensors below): own
+// tensors are mass that adds up; own counters and text (measures, counts) are never handed on.
 inline bool is_own_key(std::string_view key) { return key.starts_with("own.") || key.find(".own.") != std::string_view::npos; }
 inline constexpr const char* own_state_left_out = "checkpoint.own_state_left_out";
 inline void leave_out_own_state(checkpoint& c) {
@@ -81,8 +82,8 @@ inline void leave_out_own_state(checkpoint& c) {
 inline bool leaves_out_own_state(const checkpoint& c) { return c.counters.contains(own_state_left_out); }
 
 // Adds `theirs` (another peer's own tensors: fault/handoff.hpp, a peer that left handing over
-// its unsent residual) into the same tensors of `mine`: own state is mass that adds up, so any
-// own state a component keeps must be such (a residual, not a counter). A tensor `mine` holds
+// its unsent residual) into the same tensors of `mine`: own tensors are mass that adds up, so
+// any a component keeps must be such (a residual, not a measure: those are own counters or text). A tensor `mine` holds
 // empty (a codec that has not encoded yet) takes theirs as it is. Refused, naming `what` ("the
 // handoff from peer 3") and the problem, unless each is an own f32 tensor that `mine` holds (empty
 // or with as many values), every value and every sum is finite, and theirs is at most
