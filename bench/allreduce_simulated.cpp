@@ -10,7 +10,9 @@
 // With --ring-order, links that differ per pair (regions, sites dealt at random,
 // heterogeneous): the ring in rank order against the ring laid along the measured links
 // (collective/ring_order.hpp), and what measuring costs.
-// Usage: bench_allreduce_simulated [--world 4] [--balanced | --sites | --ring-order] [--json PATH]
+// With --algorithms, the ring, recursive doubling and recursive halving then doubling, each named,
+// on 4, 6 and 8 peers of `lan`, `wan` and `heterogeneous` links.
+// Usage: bench_allreduce_simulated [--world 4] [--balanced | --sites | --ring-order | --algorithms] [--json PATH]
 #include <decentrain/collective/balanced_all_reduce.hpp>
 #include <decentrain/collective/communicator.hpp>
 #include <decentrain/collective/ring_order.hpp>
@@ -287,11 +289,66 @@ int ring_order_table(const std::string& json) {
   return 0;
 }
 
+// The three algorithms side by side on 4 and 8 peers (and 6, where halving folds two peers in):
+// the ring, recursive doubling and recursive halving then doubling, each named (`automatic`
+// picks recursive doubling under 512 KiB raised to the links, the ring from there), the message
+// sizes raised to the links as automatic's are. Each the mean of 5 calls after a first one.
+int algorithms_table(const std::string& json) {
+  bench::output_file out(json);
+  out << "[\n";
+  bool first = true;
+  using dt::collective::algorithm;
+  std::printf("all-reduce (sum, float32) by each algorithm: simulated seconds (the slowest peer)\n");
+  std::printf("%-14s %6s %9s %10s %12s %12s %12s %12s\n", "link", "peers", "size", "ring", "rec. doubl.", "halv.+doubl.",
+              "h+d / ring", "h+d / best");
+  for (const std::string link : {"lan", "wan", "heterogeneous"})
+    for (const int world : {4, 6, 8})
+      for (const std::size_t bytes : {std::size_t{65536}, std::size_t{1'000'000}, std::size_t{4'000'000}, std::size_t{16'000'000}}) {
+        const auto links = dt::transport::links::preset(link, world);
+        double seconds[3];
+        const algorithm algos[3] = {algorithm::ring, algorithm::recursive_doubling, algorithm::halving_doubling};
+        for (int a = 0; a < 3; ++a) {
+          // (timed from a barrier after a first all-reduce: a communicator's first ring, or
+          // halving and doubling, agrees on its sizes, once; then the mean of `calls`, the
+          // links' jitter and losses drawn anew in each)
+          const int calls = 5;
+          std::vector<double> started(static_cast<std::size_t>(world));
+          const double end = simulate_with(links, bytes, {}, [&](auto& comm, std::span<float> v) {
+            std::vector<float> copy(v.begin(), v.end());
+            comm.all_reduce(std::span<float>(copy), dt::collective::reduce_op::sum, algos[a]);
+            comm.barrier();
+            started[static_cast<std::size_t>(comm.rank())] = comm.endpoint().stats().clock_seconds;
+            for (int call = 1; call < calls; ++call) {
+              copy.assign(v.begin(), v.end());
+              comm.all_reduce(std::span<float>(copy), dt::collective::reduce_op::sum, algos[a]);
+            }
+            comm.all_reduce(v, dt::collective::reduce_op::sum, algos[a]);  // (the one checked)
+          });
+          seconds[a] = end < 0 ? -1 : (end - *std::min_element(started.begin(), started.end())) / calls;
+          if (seconds[a] < 0) {
+            std::fprintf(stderr, "bench_allreduce_simulated: wrong sum (%s, %d peers, %zu bytes)\n", link.c_str(), world, bytes);
+            return 1;
+          }
+        }
+        const double best = std::min(seconds[0], seconds[1]);
+        std::printf("%-14s %6d %8.0fK %10.3f %12.3f %12.3f %11.2fx %11.2fx\n", link.c_str(), world, bytes / 1000.0, seconds[0], seconds[1],
+                    seconds[2], seconds[2] / seconds[0], seconds[2] / best);
+        out << (first ? "" : ",\n") << "  {\"link\": \"" << link << "\", \"world\": " << world << ", \"bytes\": " << bytes
+            << ", \"ring_s\": " << seconds[0] << ", \"recursive_doubling_s\": " << seconds[1]
+            << ", \"halving_doubling_s\": " << seconds[2] << "}";
+        first = false;
+      }
+  out << "\n]\n";
+  out.close();
+  std::printf("rows written to %s\n", json.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   int world = 4;
-  bool balanced = false, sites = false, ring = false;
+  bool balanced = false, sites = false, ring = false, algorithms = false;
   std::string json;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -303,20 +360,23 @@ int main(int argc, char** argv) {
       sites = true;
     } else if (a == "--ring-order") {
       ring = true;
+    } else if (a == "--algorithms") {
+      algorithms = true;
     } else if (a == "--json" && i + 1 < argc) {
       json = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: bench_allreduce_simulated [--world 4] [--balanced | --sites | --ring-order] [--json PATH]\n");
+      std::fprintf(stderr, "usage: bench_allreduce_simulated [--world 4] [--balanced | --sites | --ring-order | --algorithms] [--json PATH]\n");
       return a == "--help" ? 0 : 2;
     }
   }
-  if (balanced + sites + ring > 1) {
-    std::fprintf(stderr, "bench_allreduce_simulated: --balanced, --sites and --ring-order are different tables; give one\n");
+  if (balanced + sites + ring + algorithms > 1) {
+    std::fprintf(stderr, "bench_allreduce_simulated: --balanced, --sites, --ring-order and --algorithms are different tables; give one\n");
     return 2;
   }
   if (balanced) return balanced_table(json.empty() ? "bench/results/allreduce_balanced.json" : json);
   if (sites) return sites_table(json.empty() ? "bench/results/allreduce_sites.json" : json);
   if (ring) return ring_order_table(json.empty() ? "bench/results/allreduce_ring_order.json" : json);
+  if (algorithms) return algorithms_table(json.empty() ? "bench/results/allreduce_algorithms.json" : json);
   if (json.empty()) json = "bench/results/allreduce_simulated.json";
   if (world < 2) {
     std::fprintf(stderr, "bench_allreduce_simulated: --world must be >= 2\n");

@@ -19,6 +19,8 @@ template class collective::communicator<transport::any_endpoint>;
   template void collective::communicator<transport::any_endpoint>::ring_all_reduce<T>(std::span<T>, collective::reduce_op, \
                                                                                       transport::tag_type);            \
   template void collective::communicator<transport::any_endpoint>::recursive_doubling_all_reduce<T>(                    \
+      std::span<T>, collective::reduce_op, transport::tag_type);                                                       \
+  template void collective::communicator<transport::any_endpoint>::halving_doubling_all_reduce<T>(                      \
       std::span<T>, collective::reduce_op, transport::tag_type);
 DECENTRAIN_REDUCIBLE_TYPES(DECENTRAIN_ALL_REDUCE)
 #undef DECENTRAIN_ALL_REDUCE

@@ -140,6 +140,32 @@ TEST_CASE("communicator: on simulated links a background transfer overlaps compu
 }
 #endif
 
+#ifndef DECENTRAIN_MPI_SUITE  // in-process only: bytes per pair of simulated peers
+TEST_CASE("communicator: halving_doubling has automatic halve and double in worlds of 2^k, and peers set otherwise are refused") {
+  // 1.2 MB of f32, over recursive_doubling_below_bytes: automatic takes the ring, which sends to
+  // the next peer only, or with halving_doubling in a world of 2^k recursive halving and doubling,
+  // whose first round pairs peer 0 with peer 2 (the agreement on the sizes sends 0 to 2 only bytes).
+  const auto run = [](int world, bool halving, int odd_one_out = -1) {
+    dt::transport::in_process net(dt::transport::links::ideal(world));
+    std::vector<int> right(static_cast<std::size_t>(world), 0);
+    net.run([&](dt::transport::in_process::endpoint& ep) {
+      dt::collective::communicator comm(ep, {.halving_doubling = halving != (ep.rank() == odd_one_out), .in_flight_multiple = 0});
+      std::vector<float> v(300'000, static_cast<float>(ep.rank() + 1));
+      comm.all_reduce(std::span<float>(v), reduce_op::sum);
+      const auto want = static_cast<float>(world * (world + 1) / 2);
+      right[static_cast<std::size_t>(ep.rank())] = std::all_of(v.begin(), v.end(), [&](float x) { return x == want; });
+    });
+    CHECK(std::all_of(right.begin(), right.end(), [](int ok) { return ok != 0; }));
+    return net.bytes_sent(0, 2);
+  };
+  CHECK(run(4, false) < 1000);
+  CHECK(run(4, true) > 500'000);  // half the buffer in the reduce-scatter, a quarter in the all-gather
+  CHECK(run(8, true) > 500'000);
+  CHECK(run(6, true) < 1000);  // (not 2^k: the ring)
+  CHECK_THROWS_WITH(run(4, true, 1), Catch::Contains("set halving_doubling differently"));
+}
+#endif
+
 TEMPLATE_TEST_CASE("communicator: all_gather_combine hands every peer the same contributions in rank order", "[collective]",
                    TRANSPORTS) {
   for (int n : {1, 3, 4}) {

@@ -245,9 +245,9 @@ TEST_CASE("two-level all-reduce: on WAN links between two sites, the bytes that 
   CHECK(flat.exact);
   CHECK(two.exact);
   CHECK(two.across == 8 * values);                   // 8 members x a quarter of 4 bytes a value
-  // 2 hops x 2 (n - 1) / n of the buffer, and the ring's first call agreeing on its sizes (6
+  // 2 hops x 2 (n - 1) / n of the buffer, and the ring's first call agreeing on its sizes (8
   // int64 by recursive doubling, whose last exchange pairs every peer across)
-  CHECK(flat.across == 2 * 2 * 7 * values / 8 * 4 + 8 * 48);
+  CHECK(flat.across == 2 * 2 * 7 * values / 8 * 4 + 8 * 64);
   // Steps 1 and 3 inside each site: every member sends 3 quarters (step 1), every owner its
   // quarter to 3 members (step 3). Equal values inside a site: step 3 alone.
   CHECK(two.inside == 2 * (4 * 3 + 4 * 3) * values);

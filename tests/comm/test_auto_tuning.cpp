@@ -599,7 +599,7 @@ TEST_CASE("link_probe: recursive doubling priced at its own seconds per byte whe
   for (const auto& other : measured) CHECK((other.rd_per_byte_s == m.rd_per_byte_s && other.per_byte_s == m.per_byte_s));
   // Without recursive doubling: no figure of it, and each peer sent that all-reduce's bytes less
   // (its 3 rounds of the probe's 25,000 values; the first probe's first ring also agreed the
-  // ring's sizes, once a communicator: 144 bytes).
+  // ring's sizes, once a communicator: 192 bytes).
   const std::uint64_t rd_payload = 3 * 4 * 25'000;
   for (std::size_t r = 0; r < world; ++r) {
     INFO("peer " << r << ": " << probe_bytes[r] << " bytes sent by the probe, " << ring_only_bytes[r] << " without recursive doubling");

@@ -228,14 +228,14 @@ TEMPLATE_TEST_CASE("transport: a bad peer index is an error naming it", "[transp
   checks.report(static_cast<std::size_t>(TestType::local_peers(2)));
 }
 
-TEMPLATE_TEST_CASE("collective: all-reduce is exact for integers, 1..8 peers, uneven sizes, both algorithms",
+TEMPLATE_TEST_CASE("collective: all-reduce is exact for integers, 1..8 peers, uneven sizes, every algorithm",
                    "[collective]", TRANSPORTS) {
   for (int n = 1; n <= 8; ++n) {
     harness::peer_checks checks;
     TestType::run(n, [&](auto& ep) {
       dt::collective::communicator comm(ep, {.chunk_bytes = 4096, .recursive_doubling_below_bytes = 1024});
       for (std::size_t size : {std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{100003}}) {
-        for (auto algo : {algorithm::ring, algorithm::recursive_doubling, algorithm::automatic}) {
+        for (auto algo : {algorithm::ring, algorithm::recursive_doubling, algorithm::halving_doubling, algorithm::automatic}) {
           std::vector<std::int64_t> v(size);
           for (std::size_t i = 0; i < size; ++i) v[i] = static_cast<std::int64_t>(i * 31 + 1) * (ep.rank() + 1) - 5;
           comm.all_reduce(std::span<std::int64_t>(v), reduce_op::sum, algo);
@@ -261,7 +261,7 @@ TEMPLATE_TEST_CASE("collective: all-reduce is exact for integers, 1..8 peers, un
   }
 }
 
-TEMPLATE_TEST_CASE("collective: float all-reduce averages within tolerance and leaves every peer identical, both algorithms",
+TEMPLATE_TEST_CASE("collective: float all-reduce averages within tolerance and leaves every peer identical, every algorithm",
                    "[collective]", TRANSPORTS) {
   // 200 KB, under recursive_doubling_below_bytes: left to `automatic` it would never reach the
   // ring, so each algorithm is named.
@@ -270,7 +270,7 @@ TEMPLATE_TEST_CASE("collective: float all-reduce averages within tolerance and l
     harness::peer_checks checks;
     TestType::run(n, [&](auto& ep) {
       dt::collective::communicator comm(ep, {.chunk_bytes = 8192});
-      for (auto algo : {algorithm::ring, algorithm::recursive_doubling}) {
+      for (auto algo : {algorithm::ring, algorithm::recursive_doubling, algorithm::halving_doubling}) {
         std::vector<float> v(size);
         for (std::size_t i = 0; i < size; ++i) v[i] = std::sin(static_cast<float>(i) * 0.01f + static_cast<float>(ep.rank()));
         comm.all_reduce(std::span<float>(v), reduce_op::average, algo);
@@ -282,7 +282,9 @@ TEMPLATE_TEST_CASE("collective: float all-reduce averages within tolerance and l
         }
         // A handful of float roundings of values of size <= 1. (Peers run on threads, where
         // Catch's INFO is not safe, so the failure names its case in the compared string.)
-        const std::string name = algo == algorithm::ring ? "ring" : "recursive doubling";
+        const std::string name = algo == algorithm::ring                 ? "ring"
+                                 : algo == algorithm::recursive_doubling ? "recursive doubling"
+                                                                         : "halving, doubling";
         PEER_CHECK(checks, (worst < 1e-6 ? "" : name + ": worst error " + std::to_string(worst)) == "");
         // Bit-identical on every peer: compare a checksum of the result across peers.
         const std::uint64_t sum = dt::detail::fnv1a(std::string_view(reinterpret_cast<const char*>(v.data()), v.size() * 4));
@@ -322,7 +324,7 @@ bool is_average(float got, double expected, int n) {
 }
 }  // namespace
 
-TEMPLATE_TEST_CASE("collective: float average is the exact mean (-0 kept) by the ring and by recursive doubling, 1..8 peers, uneven sizes",
+TEMPLATE_TEST_CASE("collective: float average is the exact mean (-0 kept) by every algorithm, 1..8 peers, uneven sizes",
                    "[collective]", TRANSPORTS) {
   for (int n = 1; n <= 8; ++n) {
     harness::peer_checks checks;
@@ -340,6 +342,7 @@ TEMPLATE_TEST_CASE("collective: float average is the exact mean (-0 kept) by the
       for (std::size_t size : {std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{100'003}}) {
         cases.push_back({size, algorithm::ring, "ring"});
         cases.push_back({size, algorithm::recursive_doubling, "recursive doubling"});
+        cases.push_back({size, algorithm::halving_doubling, "halving, doubling"});
       }
       cases.push_back({comm.settings().recursive_doubling_below_bytes / sizeof(float) + 12'345, algorithm::automatic,
                        "automatic over the switch (ring)"});

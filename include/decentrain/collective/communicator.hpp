@@ -35,7 +35,7 @@
 namespace decentrain::collective {
 
 enum class reduce_op { sum, average, max, min };
-enum class algorithm { automatic, ring, recursive_doubling };
+enum class algorithm { automatic, ring, recursive_doubling, halving_doubling };
 
 // Message sizes. Over a link that holds B bytes in flight (bandwidth x latency), a ring step
 // should move several B per window, or it spends its time waiting for the first bytes; and below
@@ -56,6 +56,12 @@ struct options {
   // the sizes where recursive doubling's fewer latencies win over a fast link and those where
   // the ring's bandwidth does (bench/RESULTS.md).
   std::size_t recursive_doubling_below_bytes = std::size_t{512} << 10;
+  // Set: in a world of 2^k >= 4 peers, automatic takes recursive halving then doubling where it
+  // would take the ring (the ring's bytes in 2 log2(N) latencies instead of 2 (N - 1)). On links
+  // alike it is faster: 0.84x the ring's time for 16 MB on 8 peers of `wan`, 0.95x on `lan`; where
+  // each peer's links differ the ring, pipelined, is: 1.18x for 16 MB on 8 `heterogeneous` peers,
+  // 1.08x on 4 (bench/RESULTS.md, bench_allreduce_simulated --algorithms). Every peer the same.
+  bool halving_doubling = false;
   // The slowest link's bandwidth x latency in bytes, for transports that cannot tell; 0: unknown.
   double link_bytes_in_flight = 0.0;
   double in_flight_multiple = 8.0;
@@ -182,13 +188,17 @@ class communicator {
     static_assert(std::is_arithmetic_v<T>, "all_reduce: elements must be arithmetic");
     const auto tag = next_tag();
     if (world() == 1) return finish(data, op);
-    if (algo == algorithm::automatic)
+    if (algo == algorithm::automatic) {
+      const bool halving = opts_.halving_doubling && world() >= 4 && std::has_single_bit(static_cast<unsigned>(world()));
       algo = data.size_bytes() < opts_.recursive_doubling_below_bytes || data.size() < static_cast<std::size_t>(world())
                  ? algorithm::recursive_doubling
-                 : algorithm::ring;
+                 : (halving ? algorithm::halving_doubling : algorithm::ring);
+    }
     naming_the_peer("all_reduce", [&] {
       if (algo == algorithm::ring)
         ring_all_reduce(data, op, tag);
+      else if (algo == algorithm::halving_doubling)
+        halving_doubling_all_reduce(data, op, tag);
       else
         recursive_doubling_all_reduce(data, op, tag);
     });
@@ -660,7 +670,8 @@ class communicator {
 
   // Peers that disagree on the ring's chunk or window sizes would pair the wrong messages (of
   // the same size, from other chunks or steps) and add them up without noticing: before the
-  // first ring all-reduce the peers compare the sizes they use.
+  // first ring (or halving and doubling) all-reduce the peers compare the sizes they use, and
+  // whether automatic takes halving and doubling for the ring.
   void agree_on_ring_sizes();
 
   // Peers given different counts for a partitioned all-reduce would each reduce a range the
@@ -677,6 +688,17 @@ class communicator {
   // ends with the same bits. Each round sends the whole buffer, hence only for small buffers.
   template <class T>
   void recursive_doubling_all_reduce(std::span<T> data, reduce_op op, transport::tag_type tag);
+  // Recursive halving, then doubling (Rabenseifner's): a reduce-scatter in log2(P) rounds, in
+  // round k every peer sending the half of its range that the peer whose rank differs in bit
+  // log2(P) - 1 - k keeps and combining the half it keeps, then an all-gather that retraces the
+  // rounds, the ranges doubling. The ring's bytes (2 (P - 1) / P of the buffer each way) in
+  // 2 log2(P) latencies where the ring takes 2 (P - 1): on 8 peers over 100 ms links, 0.6 s of
+  // latency where the ring waits 1.4 s (but no pipeline of windows: where each peer's links
+  // differ, a round waits for its slowest pair). Each part is combined on one peer only and copied from it,
+  // so every peer ends with the same bits. The N - P peers above P = 2^floor(log2 N) fold in as
+  // with recursive doubling (their whole buffer twice over one link: meant for worlds of 2^k).
+  template <class T>
+  void halving_doubling_all_reduce(std::span<T> data, reduce_op op, transport::tag_type tag);
 
   std::unique_ptr<Endpoint> owned_;  // a group's view; empty for a communicator over a given endpoint
   Endpoint* ep_;
@@ -849,13 +871,16 @@ void communicator<Endpoint>::agree_on_ring_sizes() {
   // (62 bits of the order's hash: its negation fits)
   const auto ring = static_cast<std::int64_t>(decentrain::detail::fnv1a(std::string_view(
                                                   reinterpret_cast<const char*>(order.data()), order.size() * sizeof(std::int64_t))) >> 2);
-  std::int64_t sizes[6] = {chunk, window, ring, -chunk, -window, -ring};  // max, and minus the min
+  const std::int64_t halving = opts_.halving_doubling ? 1 : 0;
+  std::int64_t sizes[8] = {chunk, window, ring, halving, -chunk, -window, -ring, -halving};  // max, and minus the min
   recursive_doubling_all_reduce(std::span<std::int64_t>(sizes), reduce_op::max, fresh_tag());
-  decentrain::detail::check(sizes[0] == -sizes[3] && sizes[1] == -sizes[4],
-                            "communicator: the peers use different ring sizes (chunk_bytes from ", -sizes[3], " to ",
-                            sizes[0], ", window_bytes from ", -sizes[4], " to ", sizes[1],
+  decentrain::detail::check(sizes[0] == -sizes[4] && sizes[1] == -sizes[5],
+                            "communicator: the peers use different ring sizes (chunk_bytes from ", -sizes[4], " to ",
+                            sizes[0], ", window_bytes from ", -sizes[5], " to ", sizes[1],
                             "): every peer must be given the same collective::options");
-  decentrain::detail::check(sizes[2] == -sizes[5], "communicator: the peers set different ring orders (this peer's: ",
+  decentrain::detail::check(sizes[3] == -sizes[7], "communicator: the peers set halving_doubling differently (this peer: ",
+                            opts_.halving_doubling ? "set" : "not set", "): every peer must be given the same collective::options");
+  decentrain::detail::check(sizes[2] == -sizes[6], "communicator: the peers set different ring orders (this peer's: ",
                             ring_.empty() ? std::string("rank order") : describe_order(ring_),
                             "): every peer must set the same (set_ring_order) before the same collective");
   ring_sizes_agreed_ = true;
@@ -884,6 +909,68 @@ void communicator<Endpoint>::recursive_doubling_all_reduce(std::span<T> data, re
   if (r + p < n) send(r + p, tag, std::span<const T>(data));
 }
 
+template <transport::endpoint Endpoint>
+template <class T>
+void communicator<Endpoint>::halving_doubling_all_reduce(std::span<T> data, reduce_op op, transport::tag_type tag) {
+  agree_on_ring_sizes();  // (its chunks, and which of it and the ring automatic takes)
+  const int n = world(), r = rank();
+  const int p = static_cast<int>(std::bit_floor(static_cast<unsigned>(n)));
+  if (r >= p) {
+    send(r - p, tag, std::span<const T>(data));
+    receive(r - p, data, tag, "all_reduce");
+    return;
+  }
+  if (r + p < n) {
+    auto in = scratch<T>(data.size());
+    receive(r + p, in, tag, "all_reduce");
+    combine(data, std::span<const T>(in), op);
+  }
+  // P parts cut as the ring cuts its segments; this peer ends the reduce-scatter holding part r.
+  const std::size_t total = data.size(), base = total / static_cast<std::size_t>(p), extra = total % static_cast<std::size_t>(p);
+  auto at = [&](int s) {
+    const auto k = static_cast<std::size_t>(s);
+    return k * base + std::min(k, extra);
+  };
+  auto parts = [&](int lo, int hi) { return data.subspan(at(lo), at(hi) - at(lo)); };
+  const std::size_t chunk = std::max<std::size_t>(1, opts_.chunk_bytes / sizeof(T));
+  const auto in = scratch<T>(at(p / 2));  // (the largest half kept)
+  std::vector<std::span<const std::byte>> outs;
+  std::vector<std::span<std::byte>> ins;
+  // Sends `out` to `partner` and receives `into`'s values from it, in chunks: combined into
+  // place when `reduce`, else written there.
+  auto swap = [&](int partner, std::span<const T> out, std::span<T> into, bool reduce) {
+    outs.clear();
+    ins.clear();
+    for (std::size_t at_value = 0; at_value < out.size(); at_value += chunk)
+      outs.push_back(std::as_bytes(out.subspan(at_value, std::min(chunk, out.size() - at_value))));
+    for (std::size_t at_value = 0; at_value < into.size(); at_value += chunk) {
+      const std::size_t size = std::min(chunk, into.size() - at_value);
+      ins.push_back(reduce ? std::as_writable_bytes(in.subspan(at_value, size)) : std::as_writable_bytes(into.subspan(at_value, size)));
+    }
+    transport::exchange(*ep_, partner, outs, partner, ins, tag, [&](std::size_t i, std::size_t got) {
+      check_size(got, ins[i].size(), partner, "all_reduce");
+      count_received(got);
+      if (reduce)
+        combine(into.subspan(i * chunk, got / sizeof(T)), std::span<const T>(in.subspan(i * chunk, got / sizeof(T))), op, partner < r);
+    });
+    for (const auto& o : outs) count_sent(o.size());
+  };
+  int lo = 0, hi = p;  // the parts this peer holds
+  for (int bit = p / 2; bit >= 1; bit /= 2) {  // reduce-scatter: the range halves
+    const int partner = r ^ bit, mid = lo + (hi - lo) / 2;
+    const bool lower = (r & bit) == 0;
+    swap(partner, lower ? parts(mid, hi) : parts(lo, mid), lower ? parts(lo, mid) : parts(mid, hi), true);
+    (lower ? hi : lo) = mid;
+  }
+  for (int bit = 1; bit < p; bit *= 2) {  // all-gather: the range doubles, the partner's part landing in place
+    const int partner = r ^ bit, theirs = lo ^ bit, width = hi - lo;
+    swap(partner, parts(lo, hi), parts(theirs, theirs + width), false);
+    lo = std::min(lo, theirs);
+    hi = lo + 2 * width;
+  }
+  if (r + p < n) send(r + p, tag, std::span<const T>(data));
+}
+
 // The element types whose all-reduce the compiled library holds.
 #define DECENTRAIN_REDUCIBLE_TYPES(X) X(float) X(double) X(std::int32_t) X(std::int64_t) X(std::uint64_t)
 
@@ -892,7 +979,9 @@ extern template class communicator<transport::any_endpoint>;
 #define DECENTRAIN_EXTERN_ALL_REDUCE(T)                                                                                   \
   extern template void communicator<transport::any_endpoint>::ring_all_reduce<T>(std::span<T>, reduce_op, transport::tag_type); \
   extern template void communicator<transport::any_endpoint>::recursive_doubling_all_reduce<T>(std::span<T>, reduce_op,      \
-                                                                                               transport::tag_type);
+                                                                                               transport::tag_type);     \
+  extern template void communicator<transport::any_endpoint>::halving_doubling_all_reduce<T>(std::span<T>, reduce_op,        \
+                                                                                             transport::tag_type);
 DECENTRAIN_REDUCIBLE_TYPES(DECENTRAIN_EXTERN_ALL_REDUCE)
 #undef DECENTRAIN_EXTERN_ALL_REDUCE
 #endif
