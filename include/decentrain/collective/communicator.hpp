@@ -688,6 +688,28 @@ class communicator {
   // ends with the same bits. Each round sends the whole buffer, hence only for small buffers.
   template <class T>
   void recursive_doubling_all_reduce(std::span<T> data, reduce_op op, transport::tag_type tag);
+  // Recursive doubling's and halving's worlds of P = 2^floor(log2 N): each of the N - P peers
+  // above P hands its buffer to peer rank - P, which combines it in, and takes the result back
+  // from it (fold_out). Returns P, or 0 on a peer above it (which holds the result then).
+  template <class T>
+  int fold_in(std::span<T> data, reduce_op op, transport::tag_type tag) {
+    const int n = world(), r = rank(), p = static_cast<int>(std::bit_floor(static_cast<unsigned>(n)));
+    if (r >= p) {
+      send(r - p, tag, std::span<const T>(data));
+      receive(r - p, data, tag, "all_reduce");
+      return 0;
+    }
+    if (r + p < n) {
+      const auto in = scratch<T>(data.size());
+      receive(r + p, in, tag, "all_reduce");
+      combine(data, std::span<const T>(in), op);
+    }
+    return p;
+  }
+  template <class T>
+  void fold_out(std::span<T> data, transport::tag_type tag, int p) {
+    if (rank() + p < world()) send(rank() + p, tag, std::span<const T>(data));
+  }
   // Recursive halving, then doubling (Rabenseifner's): a reduce-scatter in log2(P) rounds, in
   // round k every peer sending the half of its range that the peer whose rank differs in bit
   // log2(P) - 1 - k keeps and combining the half it keeps, then an all-gather that retraces the
@@ -889,42 +911,23 @@ void communicator<Endpoint>::agree_on_ring_sizes() {
 template <transport::endpoint Endpoint>
 template <class T>
 void communicator<Endpoint>::recursive_doubling_all_reduce(std::span<T> data, reduce_op op, transport::tag_type tag) {
-  const int n = world(), r = rank();
-  const int p = static_cast<int>(std::bit_floor(static_cast<unsigned>(n)));
-  if (r >= p) {
-    send(r - p, tag, std::span<const T>(data));
-    receive(r - p, data, tag, "all_reduce");
-    return;
-  }
-  auto in = scratch<T>(data.size());
-  if (r + p < n) {
-    receive(r + p, in, tag, "all_reduce");
-    combine(data, std::span<const T>(in), op);
-  }
+  const int r = rank(), p = fold_in(data, op, tag);
+  if (p == 0) return;
+  const auto in = scratch<T>(data.size());
   for (int mask = 1; mask < p; mask <<= 1) {
     const int partner = r ^ mask;
     exchange(partner, std::span<const T>(data), partner, in, tag, "all_reduce");
     combine(data, std::span<const T>(in), op, partner < r);
   }
-  if (r + p < n) send(r + p, tag, std::span<const T>(data));
+  fold_out(data, tag, p);
 }
 
 template <transport::endpoint Endpoint>
 template <class T>
 void communicator<Endpoint>::halving_doubling_all_reduce(std::span<T> data, reduce_op op, transport::tag_type tag) {
   agree_on_ring_sizes();  // (its chunks, and which of it and the ring automatic takes)
-  const int n = world(), r = rank();
-  const int p = static_cast<int>(std::bit_floor(static_cast<unsigned>(n)));
-  if (r >= p) {
-    send(r - p, tag, std::span<const T>(data));
-    receive(r - p, data, tag, "all_reduce");
-    return;
-  }
-  if (r + p < n) {
-    auto in = scratch<T>(data.size());
-    receive(r + p, in, tag, "all_reduce");
-    combine(data, std::span<const T>(in), op);
-  }
+  const int r = rank(), p = fold_in(data, op, tag);
+  if (p == 0) return;
   // P parts cut as the ring cuts its segments; this peer ends the reduce-scatter holding part r.
   const std::size_t total = data.size(), base = total / static_cast<std::size_t>(p), extra = total % static_cast<std::size_t>(p);
   auto at = [&](int s) {
@@ -968,7 +971,7 @@ void communicator<Endpoint>::halving_doubling_all_reduce(std::span<T> data, redu
     lo = std::min(lo, theirs);
     hi = lo + 2 * width;
   }
-  if (r + p < n) send(r + p, tag, std::span<const T>(data));
+  fold_out(data, tag, p);
 }
 
 // The element types whose all-reduce the compiled library holds.
