@@ -271,6 +271,12 @@ void declare_train(CLI::App& cmd) {
             "the same on every peer (simulated links size this on their own)",
             0.0, 0, 1e6)
       ->group(peers);
+  cli::flag(cmd, "halving-doubling",
+            "in a world of 2^k >= 4 peers, all-reduces that would go around the ring go\n"
+            "by recursive halving and doubling instead: the same bytes in 2 log2(N)\n"
+            "latencies, not 2 (N - 1); faster on links alike, slower where each peer's\n"
+            "links differ (bench/RESULTS.md); the same on every peer")
+      ->group(peers);
 
   const std::string net = "TCP peers";
   cli::text(cmd, "key-file", "PATH",
@@ -1079,6 +1085,7 @@ dt::train::trainer_options trainer_settings(const options& opt) {
   t.eval_batches = opt.integer("eval-batches");
   t.compute_dtype = compute_dtype(opt);
   t.collectives.link_bytes_in_flight = opt.real("link-in-flight") * 1e6;
+  t.collectives.halving_doubling = opt.flag("halving-doubling");
   t.validate();
   return t;
 }

@@ -23804,7 +23804,8 @@ DECENTRAIN_REDUCIBLE_TYPES(DECENTRAIN_EXTERN_ALL_REDUCE)
 // ---- begin decentrain/collective/encoded_all_reduce.hpp ----
 // The encoded all-reduce: a payload through a codec (compress/), and the check that every peer
 // uses the same one. Codecs encode and decode; the collective that carries them is here.
-//   ring (dense codecs): reduce-scatter then all-gather around the ring; each hop carries the
+//   ring (dense codecs): reduce-scatter then all-gather around the ring (or, where the
+//     communicator's options set halving_doubling, by recursive halving then doubling); each hop carries the
 //     encoded partial sum of a segment, the receiver decodes it and adds its own values in f32,
 //     and re-encodes for the next hop, so each hop costs one rounding and none compounds
 //     silently. Segments are cut at multiples of the codec's block, so a payload that is already
@@ -23824,6 +23825,7 @@ DECENTRAIN_REDUCIBLE_TYPES(DECENTRAIN_EXTERN_ALL_REDUCE)
 // simulated links a codec pays for its work as it would on a real machine.
 
 #include <algorithm>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -25362,10 +25364,116 @@ void ring_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool ave
   }
 }
 
+// Recursive halving then doubling through a dense codec (the communicator's
+// halving_doubling_all_reduce in f32 says why: the ring's bytes in 2 log2(N) latencies): in the
+// reduce-scatter each round encodes the half of this peer's range that its partner keeps (one
+// rounding a round, log2(N) in all where the ring has N - 1), and the partner decodes it and adds
+// its own values in f32; in the all-gather each part is encoded once by the peer that holds its
+// sum and forwarded as is, so every peer decodes the same bytes and ends with the same bits.
+// Parts are cut at multiples of the codec's block, as the ring's segments. A world of 2^k.
+template <class Codec, class Comm>
+void halving_doubling_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average) {
+  const int n = comm.world(), r = comm.rank();
+  decentrain::detail::check(n >= 1 && std::has_single_bit(static_cast<unsigned>(n)), "collective: halving and doubling ",
+                            "through a codec needs a world of 2^k peers, not ", n);
+  if (n == 1) return;
+  const std::size_t block = codec_block(codec), total = values.size();
+  const std::size_t blocks = (total + block - 1) / block;
+  auto at = [&](int s) {
+    const auto k = static_cast<std::size_t>(s);
+    const std::size_t b = blocks / static_cast<std::size_t>(n), extra = blocks % static_cast<std::size_t>(n);
+    return std::min(total, (k * b + std::min(k, extra)) * block);
+  };
+  auto parts = [&](int lo, int hi) { return values.subspan(at(lo), at(hi) - at(lo)); };
+  const std::size_t piece = std::max<std::size_t>(block, ((std::size_t{1} << 20) / block) * block);
+  auto pieces = [&](std::span<float> range) {
+    std::vector<std::span<float>> out;
+    for (std::size_t from = 0; from < range.size(); from += piece) out.push_back(range.subspan(from, std::min(piece, range.size() - from)));
+    return out;
+  };
+  auto encode = [&](std::span<float> p, std::vector<std::byte>& into) {
+    into.resize(codec.max_encoded_bytes(p.size()));
+    into.resize(charged(comm, [&] { return codec.encode(std::span<const float>(p), into); }));
+  };
+  auto receive = [&](int partner, std::span<float> p, std::vector<std::byte>& into) {
+    into.resize(codec.max_encoded_bytes(p.size()));
+    comm.recv_from(partner, std::span<std::byte>(into));
+  };
+  auto decode_add = [&](int partner, std::span<float> p, const std::vector<std::byte>& from) {
+    try {
+      charged(comm, [&] { codec.decode_add(std::span<const std::byte>(from), p); });
+    } catch (const decentrain::error& e) {
+      transport::fail_peer(partner, "all_reduce", "codec: the payload of peer ", partner, " was rejected: ", e.what());
+    }
+  };
+  // (each peer says what it will take before it sends: transport::expect)
+  auto expect = [&](int partner, std::span<float> range) {
+    std::vector<std::size_t> sizes;
+    for (auto p : pieces(range)) sizes.push_back(codec.max_encoded_bytes(p.size()));
+    comm.expect_from(partner, std::span<const std::size_t>(sizes));
+  };
+  std::vector<std::byte> out, in;
+  int lo = 0, hi = n;  // the parts this peer holds
+  for (int bit = n / 2; bit >= 1; bit /= 2) {  // reduce-scatter: the range halves
+    const int partner = r ^ bit, mid = lo + (hi - lo) / 2;
+    const bool lower = (r & bit) == 0;
+    const auto give = lower ? parts(mid, hi) : parts(lo, mid), keep = lower ? parts(lo, mid) : parts(mid, hi);
+    expect(partner, keep);
+    for (auto p : pieces(give)) {
+      encode(p, out);
+      comm.send_to(partner, std::span<const std::byte>(out));
+    }
+    for (auto p : pieces(keep)) {
+      receive(partner, p, in);
+      decode_add(partner, p, in);
+    }
+    (lower ? hi : lo) = mid;
+  }
+  // All-gather: part r's sum encoded once here; everyone (this peer too) decodes those bytes.
+  std::vector<std::vector<std::vector<std::byte>>> carried(static_cast<std::size_t>(n));  // each part's pieces, encoded
+  for (auto p : pieces(parts(r, r + 1))) {
+    auto& bytes = carried[static_cast<std::size_t>(r)].emplace_back();
+    encode(p, bytes);
+    std::fill(p.begin(), p.end(), 0.0f);
+    charged(comm, [&] { codec.decode_add(std::span<const std::byte>(bytes), p); });
+  }
+  for (int bit = 1; bit < n; bit *= 2) {  // the range doubles
+    const int partner = r ^ bit, theirs = lo ^ bit, width = hi - lo;
+    expect(partner, parts(theirs, theirs + width));
+    for (int s = lo; s < hi; ++s)
+      for (const auto& bytes : carried[static_cast<std::size_t>(s)]) comm.send_to(partner, std::span<const std::byte>(bytes));
+    for (int s = theirs; s < theirs + width; ++s)
+      for (auto p : pieces(parts(s, s + 1))) {
+        auto& bytes = carried[static_cast<std::size_t>(s)].emplace_back();
+        receive(partner, p, bytes);
+        std::fill(p.begin(), p.end(), 0.0f);
+        decode_add(partner, p, bytes);
+      }
+    lo = std::min(lo, theirs);
+    hi = lo + 2 * width;
+  }
+  if (average) {
+    const float scale = 1.0f / static_cast<float>(n);
+    for (auto& v : values) v *= scale;
+  }
+}
+
+// A dense codec's all-reduce: recursive halving and doubling where the communicator's options
+// ask for it in place of the ring (collective::options::halving_doubling, a world of 2^k >= 4),
+// else the ring.
+template <class Codec, class Comm>
+void dense_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average) {
+  bool halving = false;
+  if constexpr (requires { comm.settings().halving_doubling; })
+    halving = comm.settings().halving_doubling && comm.world() >= 4 && std::has_single_bit(static_cast<unsigned>(comm.world()));
+  if (halving) halving_doubling_all_reduce(codec, comm, values, average);
+  else ring_all_reduce(codec, comm, values, average);
+}
+
 // The sum (or mean) of every peer's `values` as sent through `codec`, left in `values` on every
 // peer (the same bits on all). identity goes through the communicator's all-reduce, a codec with
-// a collective of its own (a user's, any_codec) runs it, a dense one goes around the ring, any
-// other is gathered. A payload that breaks the codec's format is rejected naming the peer (a
+// a collective of its own (a user's, any_codec) runs it, a dense one goes around the ring (or by
+// halving and doubling: dense_all_reduce), any other is gathered. A payload that breaks the codec's format is rejected naming the peer (a
 // transport::peer_error), never decoded out of bounds.
 template <class Codec, class Comm>
 void encoded_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average) {
@@ -25381,7 +25489,7 @@ void encoded_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool 
   else if constexpr (requires { codec.all_reduce(comm, values, average); })
     codec.all_reduce(comm, values, average);
   else if constexpr (compress::is_dense<Codec>())
-    ring_all_reduce(codec, comm, values, average);
+    dense_all_reduce(codec, comm, values, average);
   else
     gathered_all_reduce(codec, comm, values, average);
 }
@@ -25396,7 +25504,7 @@ void encoded_all_reduce(compress::error_feedback<Codec>& codec, Comm& comm, std:
     std::vector<std::byte> payload(codec.max_encoded_bytes(values.size()));
     payload.resize(charged(comm, [&] { return codec.encode(std::span<const float>(values), payload); }));
     std::copy(codec.sent().begin(), codec.sent().end(), values.begin());
-    ring_all_reduce(codec.codec, comm, values, average);
+    dense_all_reduce(codec.codec, comm, values, average);
   } else {
     gathered_all_reduce(codec, comm, values, average);
   }

@@ -115,6 +115,12 @@ std::string number(double v) {
   std::snprintf(buf, sizeof buf, "%g", v);
   return buf;
 }
+// The summary's megabytes from site `from` to site `to` (-1: no such line).
+double link_megabytes(const std::string& out, const std::string& from, const std::string& to) {
+  const auto at = out.find("  " + from + " -> " + to + ": ");
+  if (at == std::string::npos) return -1.0;
+  return std::stod(out.substr(out.find(':', at) + 1));
+}
 }  // namespace
 
 TEST_CASE("eval reproduces PyTorch's loss and gradients from safetensors weights", "[cli][parity]") {
@@ -680,28 +686,30 @@ TEST_CASE("train --comm streaming-diloco --auto: the fragments, overlap, H and c
   CHECK_THAT(r.output, Contains("--auto with --comm streaming-diloco picks the fragments and the overlap"));
 }
 
-TEST_CASE("train --ring-order: the ring laid along the near pairs crosses between sites less, and the errors", "[cli][peers]") {
+TEST_CASE("train --ring-order, --halving-doubling: the ring along the near pairs, or halving and doubling, crosses between sites less",
+          "[cli][peers]") {
   const auto dir = scratch("ring-order");
   // 4 peers at sites a, b, a, b (lan inside, wan between), DiLoCo averaged flat through int8 (a
   // ring at any size): rank order crosses between the sites at every hop, the measured order at
-  // two of four.
+  // two of four. Halving and doubling pairs 0 with 2 and 1 with 3 (inside a site) for the half
+  // in its first round and the half in its last, crossing with a quarter twice.
   const std::string args = " train --comm diloco --inner-steps 3 --steps 9 --batch-size 2 --block-size 16 --n-layer 1 --n-embd 32"
                            " --n-head 2 --eval-every 0 --eval-batches 2 --threads 1 --seed 3 --metrics '' --peers 4 --link wan"
                            " --site a,b,a,b --outer-averaging all-reduce --codec int8";
-  const auto megabytes = [](const std::string& out, const std::string& from, const std::string& to) {
-    const auto at = out.find("  " + from + " -> " + to + ": ");
-    if (at == std::string::npos) return -1.0;
-    return std::stod(out.substr(out.find(':', at) + 1));
-  };
   const auto ranked = run(cli() + args, dir), measured = run(cli() + args + " --ring-order latency", dir);
   INFO(ranked.output << "\n" << measured.output);
   REQUIRE(ranked.status == 0);
   REQUIRE(measured.status == 0);
   CHECK_THAT(ranked.output, !Contains("ring order measured"));
   CHECK_THAT(measured.output, Contains("ring order measured: 0 2 "));
-  CHECK(megabytes(ranked.output, "a", "b") > 0);
-  CHECK(megabytes(measured.output, "a", "b") < 0.75 * megabytes(ranked.output, "a", "b"));
-  CHECK(megabytes(measured.output, "a", "a") > megabytes(ranked.output, "a", "a"));
+  CHECK(link_megabytes(ranked.output, "a", "b") > 0);
+  CHECK(link_megabytes(measured.output, "a", "b") < 0.75 * link_megabytes(ranked.output, "a", "b"));
+  CHECK(link_megabytes(measured.output, "a", "a") > link_megabytes(ranked.output, "a", "a"));
+  const auto halving = run(cli() + args + " --halving-doubling", dir);
+  INFO(halving.output);
+  REQUIRE(halving.status == 0);
+  CHECK(link_megabytes(halving.output, "a", "b") < 0.5 * link_megabytes(ranked.output, "a", "b"));
+  CHECK(link_megabytes(halving.output, "a", "a") > link_megabytes(ranked.output, "a", "a"));
   // Where there is no ring of every peer to order: named.
   const auto gossip = run(cli() + " train --peers 4 --comm gossip --steps 2 --ring-order latency", dir);
   CHECK(gossip.status != 0);
@@ -718,12 +726,6 @@ TEST_CASE("train --site: DiLoCo averaged over sites, the bytes per link in the s
   const auto dir = scratch("sites");
   const std::string args = " train --comm diloco --inner-steps 3 --steps 9 --batch-size 2 --block-size 16 --n-layer 1 --n-embd 32"
                            " --n-head 2 --eval-every 0 --eval-batches 2 --threads 1 --seed 3 --metrics ''";
-  // The summary's megabytes from site `from` to site `to`.
-  const auto megabytes = [](const std::string& out, const std::string& from, const std::string& to) {
-    const auto at = out.find("  " + from + " -> " + to + ": ");
-    if (at == std::string::npos) return -1.0;
-    return std::stod(out.substr(out.find(':', at) + 1));
-  };
   // A run of 4 in-process peers at sites a, a, b, b on `wan` between them: its output.
   const auto trained = [&](const std::string& extra) {
     const auto r = run(cli() + args + " --peers 4 --link wan --site a,a,b,b" + extra, dir);
@@ -736,13 +738,13 @@ TEST_CASE("train --site: DiLoCo averaged over sites, the bytes per link in the s
   // Synchronous inside the sites: the gradients of every step stay inside them, and what crosses
   // is the outer average's alone, as without.
   const auto synced = trained(" --sync-inside-site");
-  CHECK(megabytes(plain, "a", "b") > 0);
-  CHECK(megabytes(synced, "a", "b") <= megabytes(plain, "a", "b"));
-  CHECK(megabytes(synced, "a", "a") > 2 * megabytes(plain, "a", "a"));
+  CHECK(link_megabytes(plain, "a", "b") > 0);
+  CHECK(link_megabytes(synced, "a", "b") <= link_megabytes(plain, "a", "b"));
+  CHECK(link_megabytes(synced, "a", "a") > 2 * link_megabytes(plain, "a", "a"));
   // Synchronous training by sites: every step's gradients, by the same two levels.
-  CHECK(megabytes(trained(" --comm sync"), "a", "b") > 0);
+  CHECK(link_megabytes(trained(" --comm sync"), "a", "b") > 0);
   // The same sites' links averaged flat (--outer-averaging all-reduce): more crosses.
-  CHECK(megabytes(trained(" --outer-averaging all-reduce"), "a", "b") > 1.5 * megabytes(plain, "a", "b"));
+  CHECK(link_megabytes(trained(" --outer-averaging all-reduce"), "a", "b") > 1.5 * link_megabytes(plain, "a", "b"));
 
   // --site auto: the sites found from the round trips the peers measure; on `wan` every pair is
   // about as far as any other, so one site.

@@ -673,15 +673,24 @@ TEST_CASE("codecs: hostile payloads are rejected with the reason, never decoded 
 
 TEMPLATE_TEST_CASE("codecs: all-reduce through each codec leaves every peer the same bits near the exact mean", "[collective]",
                    TRANSPORTS) {
-  for (int n = 1; n <= 8; n += (n < 4 ? 1 : 4)) {
-    INFO(n << " peers");
+  // Dense codecs go around the ring, or with the communicator's halving_doubling (4 and 8 peers)
+  // by recursive halving and doubling.
+  struct run_case {
+    int n;
+    bool halving;
+  };
+  for (const run_case k : {run_case{1, false}, {2, false}, {3, false}, {4, false}, {4, true}, {8, false}, {8, true}}) {
+    const int n = k.n;
+    const bool halving = k.halving;
+    INFO(n << " peers" << (halving ? ", halving and doubling" : ""));
     harness::peer_checks checks;
     TestType::run(n, [&](auto& ep) {
-      dt::collective::communicator c(ep);
+      dt::collective::communicator c(ep, {.halving_doubling = halving});
       const std::size_t m = 5003;
       const auto input = [&](int rank) { return random_values(m, 1000 + static_cast<std::uint64_t>(rank)); };
       const auto own = input(c.rank());
-      const std::string at = " with " + std::to_string(n) + " peers, at peer " + std::to_string(c.rank());
+      const std::string at = " with " + std::to_string(n) + " peers" + (halving ? " (halving, doubling)" : "") + ", at peer " +
+                             std::to_string(c.rank());
       // Through `codec` from this peer's `values`: the result, and the bytes this peer sent.
       const auto reduce = [&](auto codec, std::vector<float> values) {
         const auto sent0 = c.traffic().bytes_sent;
@@ -716,7 +725,8 @@ TEMPLATE_TEST_CASE("codecs: all-reduce through each codec leaves every peer the 
       near(cz::int4_blockwise{}, reduce(cz::int4_blockwise{}, own).first, exact, 0.5 * n, 0.4);
       near(cz::fp4{}, reduce(cz::fp4{}, own).first, exact, 0.5 * n, 0.4);
       if (n > 1) {
-        // The ring sends 2 (n - 1) / n of the encoded buffer: 4 + 64 bytes per 64 values.
+        // The ring sends 2 (n - 1) / n of the encoded buffer: 4 + 64 bytes per 64 values (and
+        // so do halving and doubling).
         const double expected = 2.0 * (n - 1) / n * (m * (4.0 + 64.0) / 64.0);
         checks.expect(std::abs(static_cast<double>(int8_bytes) - expected) <= 0.05 * expected,
                       "int8" + at + ": sent " + std::to_string(int8_bytes) + " bytes, expected about " +
