@@ -43,7 +43,7 @@
 //
 //   bench_heterogeneous [--data FILE] [--steps 600] [--peers 8] [--inner-steps 50] [--fastest 4]
 //                       [--link heterogeneous] [--step-seconds 0.1] [--micro-batches 4] [--fragments 1]
-//                       [--overlap 1] [--codec identity] [--only ...] [--json heterogeneous.json]
+//                       [--overlap 1] [--codec identity] [--halving-doubling 0] [--only ...] [--json heterogeneous.json]
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -211,6 +211,11 @@ int main(int argc, char** argv) try {
   auto opts = bench::shakespeare_recipe::options(std::stoll(value("steps", "600")));
   opts.eval_every = 0;
   opts.eval_batches = std::stoll(value("eval-batches", "10"));
+  // (1: all-reduces of 2^k peers by recursive halving and doubling where they would take the
+  // ring, a codec's too: collective::options::halving_doubling)
+  const std::string halving = value("halving-doubling", "0");
+  dt::detail::check(halving == "0" || halving == "1", "bench_heterogeneous: --halving-doubling is 0 or 1, not '", halving, "'");
+  opts.collectives.halving_doubling = halving == "1";
   cli.finish();
   bench::output_file json(json_path);
   s.speeds = dt::transport::speeds::spread(s.peers, s.seed, fastest);
