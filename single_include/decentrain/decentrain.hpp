@@ -22867,10 +22867,10 @@ struct options {
   // the ring's bandwidth does (bench/RESULTS.md).
   std::size_t recursive_doubling_below_bytes = std::size_t{512} << 10;
   // Set: in a world of 2^k >= 4 peers, automatic takes recursive halving then doubling where it
-  // would take the ring (the ring's bytes in 2 log2(N) latencies instead of 2 (N - 1)). On links
-  // alike it is faster: 0.84x the ring's time for 16 MB on 8 peers of `wan`, 0.95x on `lan`; where
-  // each peer's links differ the ring, pipelined, is: 1.18x for 16 MB on 8 `heterogeneous` peers,
-  // 1.08x on 4 (bench/RESULTS.md, bench_allreduce_simulated --algorithms). Every peer the same.
+  // would take the ring (the ring's bytes in 2 log2(N) latencies instead of 2 (N - 1)), and so
+  // does a dense codec's exchange. Faster on links alike; where each peer's links differ the
+  // ring, pipelined, is, hence off by default (bench/RESULTS.md, bench_allreduce_simulated
+  // --algorithms). Every peer the same.
   bool halving_doubling = false;
   // The slowest link's bandwidth x latency in bytes, for transports that cannot tell; 0: unknown.
   double link_bytes_in_flight = 0.0;
@@ -23498,6 +23498,12 @@ class communicator {
   // ends with the same bits. Each round sends the whole buffer, hence only for small buffers.
   template <class T>
   void recursive_doubling_all_reduce(std::span<T> data, reduce_op op, transport::tag_type tag);
+  // Where part k of `total` values cut into n begins (0 <= k <= n): the first total % n parts
+  // one value longer (the ring's segments, halving's parts).
+  static std::size_t part_begin(std::size_t total, int n, int k) {
+    const auto parts = static_cast<std::size_t>(n), at = static_cast<std::size_t>(k);
+    return at * (total / parts) + std::min(at, total % parts);
+  }
   // Recursive doubling's and halving's worlds of P = 2^floor(log2 N): each of the N - P peers
   // above P hands its buffer to peer rank - P, which combines it in, and takes the result back
   // from it (fold_out). Returns P, or 0 on a peer above it (which holds the result then).
@@ -23579,10 +23585,7 @@ void communicator<Endpoint>::ring_all_reduce(std::span<T> data, reduce_op op, tr
   const int n = world(), r = ring_position();  // (segments are numbered by ring position)
   const std::size_t total = data.size(), base = total / static_cast<std::size_t>(n),
                     extra = total % static_cast<std::size_t>(n);
-  auto seg_begin = [&](int s) {
-    const auto k = static_cast<std::size_t>((s % n + n) % n);
-    return k * base + std::min(k, extra);
-  };
+  auto seg_begin = [&](int s) { return part_begin(total, n, (s % n + n) % n); };
   auto seg_size = [&](int s) {
     const auto k = static_cast<std::size_t>((s % n + n) % n);
     return base + (k < extra ? 1 : 0);
@@ -23739,11 +23742,7 @@ void communicator<Endpoint>::halving_doubling_all_reduce(std::span<T> data, redu
   const int r = rank(), p = fold_in(data, op, tag);
   if (p == 0) return;
   // P parts cut as the ring cuts its segments; this peer ends the reduce-scatter holding part r.
-  const std::size_t total = data.size(), base = total / static_cast<std::size_t>(p), extra = total % static_cast<std::size_t>(p);
-  auto at = [&](int s) {
-    const auto k = static_cast<std::size_t>(s);
-    return k * base + std::min(k, extra);
-  };
+  auto at = [&](int k) { return part_begin(data.size(), p, k); };
   auto parts = [&](int lo, int hi) { return data.subspan(at(lo), at(hi) - at(lo)); };
   const std::size_t chunk = std::max<std::size_t>(1, opts_.chunk_bytes / sizeof(T));
   const auto in = scratch<T>(at(p / 2));  // (the largest half kept)
@@ -25282,86 +25281,122 @@ void gathered_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool
   }
 }
 
+namespace detail {
+// What the ring and halving and doubling share when they carry a dense codec's payloads: the
+// values cut into n parts in whole blocks of the codec (a payload already on the codec's grid
+// re-encodes to itself), each sent in pieces of at most ~1M values (one message each), encoded
+// and decoded with the time charged as compute, and a payload that breaks the codec's format
+// rejected naming its sender.
+template <class Codec, class Comm>
+class encoded_parts {
+ public:
+  encoded_parts(Codec& codec, Comm& comm, std::span<float> values, int n)
+      : codec_(codec), comm_(comm), values_(values), n_(static_cast<std::size_t>(n)), block_(codec_block(codec)),
+        blocks_((values.size() + block_ - 1) / block_), piece_(std::max<std::size_t>(block_, ((std::size_t{1} << 20) / block_) * block_)) {}
+
+  // Parts [lo, hi) (0 <= lo <= hi <= n).
+  std::span<float> parts(int lo, int hi) const { return values_.subspan(begin(lo), begin(hi) - begin(lo)); }
+  std::vector<std::span<float>> pieces(std::span<float> range) const {
+    std::vector<std::span<float>> out;
+    for (std::size_t at = 0; at < range.size(); at += piece_) out.push_back(range.subspan(at, std::min(piece_, range.size() - at)));
+    return out;
+  }
+  void encode(std::span<float> p, std::vector<std::byte>& into) {
+    into.resize(codec_.max_encoded_bytes(p.size()));
+    into.resize(charged(comm_, [&] { return codec_.encode(std::span<const float>(p), into); }));
+  }
+  void send(int to, std::span<float> range, std::vector<std::byte>& scratch) {
+    for (auto p : pieces(range)) {
+      encode(p, scratch);
+      comm_.send_to(to, std::span<const std::byte>(scratch));
+    }
+  }
+  void receive(int from, std::span<float> p, std::vector<std::byte>& into) {
+    into.resize(codec_.max_encoded_bytes(p.size()));
+    comm_.recv_from(from, std::span<std::byte>(into));
+  }
+  void decode_add(int from, std::span<float> p, const std::vector<std::byte>& bytes) {
+    try {
+      charged(comm_, [&] { codec_.decode_add(std::span<const std::byte>(bytes), p); });
+    } catch (const decentrain::error& e) {
+      transport::fail_peer(from, "all_reduce", "codec: the payload of peer ", from, " was rejected: ", e.what());
+    }
+  }
+  // `from`'s pieces of `range` added into it (a reduce-scatter's step).
+  void receive_add(int from, std::span<float> range, std::vector<std::byte>& scratch) {
+    for (auto p : pieces(range)) {
+      receive(from, p, scratch);
+      decode_add(from, p, scratch);
+    }
+  }
+  // Piece `p` as `from` encoded it, kept in `bytes` to be forwarded as is (an all-gather's step).
+  void take(int from, std::span<float> p, std::vector<std::byte>& bytes) {
+    receive(from, p, bytes);
+    std::fill(p.begin(), p.end(), 0.0f);
+    decode_add(from, p, bytes);
+  }
+  // The sum this peer holds of `range`, encoded once into `carried` (a piece each), and left in
+  // place as every peer decodes it.
+  void encode_sum(std::span<float> range, std::vector<std::vector<std::byte>>& carried) {
+    for (auto p : pieces(range)) {
+      encode(p, carried.emplace_back());
+      std::fill(p.begin(), p.end(), 0.0f);
+      charged(comm_, [&] { codec_.decode_add(std::span<const std::byte>(carried.back()), p); });
+    }
+  }
+  // Every peer sends a step's pieces before it receives the step's: each says first what it
+  // will take, so a transport that bounds what it queues takes them whole (transport::expect).
+  void expect(int from, std::span<float> range) {
+    std::vector<std::size_t> sizes;
+    for (auto p : pieces(range)) sizes.push_back(codec_.max_encoded_bytes(p.size()));
+    comm_.expect_from(from, std::span<const std::size_t>(sizes));
+  }
+  void finish(bool average) {
+    if (!average) return;
+    const float scale = 1.0f / static_cast<float>(n_);
+    for (auto& v : values_) v *= scale;
+  }
+
+ private:
+  std::size_t begin(int k) const {
+    const auto at = static_cast<std::size_t>(k), base = blocks_ / n_, extra = blocks_ % n_;
+    return std::min(values_.size(), (at * base + std::min(at, extra)) * block_);
+  }
+  Codec& codec_;
+  Comm& comm_;
+  std::span<float> values_;
+  std::size_t n_, block_, blocks_, piece_;
+};
+}  // namespace detail
+
 template <class Codec, class Comm>
 void ring_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average) {
   const int n = comm.world(), r = comm.ring_position();  // (segments numbered by ring position)
   if (n == 1) return;
-  // Segments in whole blocks; each goes in pieces of at most ~1M values (one message each).
-  const std::size_t block = codec_block(codec), total = values.size();
-  const std::size_t blocks = (total + block - 1) / block;
-  auto seg_begin = [&](int s) {
-    const auto k = static_cast<std::size_t>((s % n + n) % n);
-    const std::size_t b = blocks / static_cast<std::size_t>(n), extra = blocks % static_cast<std::size_t>(n);
-    return std::min(total, (k * b + std::min(k, extra)) * block);
-  };
+  detail::encoded_parts<Codec, Comm> e(codec, comm, values, n);
   auto segment = [&](int s) {
-    const std::size_t from = seg_begin(s), to = ((s % n + n) % n) == n - 1 ? total : seg_begin(s + 1);
-    return values.subspan(from, to - from);
-  };
-  const std::size_t piece = std::max<std::size_t>(block, ((std::size_t{1} << 20) / block) * block);
-  auto pieces = [&](std::span<float> seg) {
-    std::vector<std::span<float>> out;
-    for (std::size_t at = 0; at < seg.size(); at += piece) out.push_back(seg.subspan(at, std::min(piece, seg.size() - at)));
-    return out;
+    const int k = (s % n + n) % n;
+    return e.parts(k, k + 1);
   };
   const int right = comm.ring_at(r + 1), left = comm.ring_at(r - 1);
-  std::vector<std::byte> out, in;
-  auto encode = [&](std::span<float> p, std::vector<std::byte>& into) {
-    into.resize(codec.max_encoded_bytes(p.size()));
-    into.resize(charged(comm, [&] { return codec.encode(std::span<const float>(p), into); }));
-  };
-  auto receive = [&](std::span<float> p, std::vector<std::byte>& into) {
-    into.resize(codec.max_encoded_bytes(p.size()));
-    comm.recv_from(left, std::span<std::byte>(into));
-  };
-  auto decode_add = [&](std::span<float> p, const std::vector<std::byte>& from) {
-    try {
-      charged(comm, [&] { codec.decode_add(std::span<const std::byte>(from), p); });
-    } catch (const decentrain::error& e) {
-      transport::fail_peer(left, "all_reduce", "codec: the payload of peer ", left, " was rejected: ", e.what());
-    }
-  };
-  // Every peer sends a step's pieces before it receives the step's: each says first what it
-  // will take, so a transport that bounds what it queues takes them whole (transport::expect).
-  auto expect = [&](std::span<float> seg) {
-    std::vector<std::size_t> sizes;
-    for (auto p : pieces(seg)) sizes.push_back(codec.max_encoded_bytes(p.size()));
-    comm.expect_from(left, std::span<const std::size_t>(sizes));
-  };
+  std::vector<std::byte> scratch;
   // Reduce-scatter: after n - 1 steps segment r + 1 holds the sum here, in f32.
   for (int s = 0; s < n - 1; ++s) {
-    expect(segment(r - s - 1));
-    for (auto p : pieces(segment(r - s))) {
-      encode(p, out);
-      comm.send_to(right, std::span<const std::byte>(out));
-    }
-    for (auto p : pieces(segment(r - s - 1))) {
-      receive(p, in);
-      decode_add(p, in);
-    }
+    e.expect(left, segment(r - s - 1));
+    e.send(right, segment(r - s), scratch);
+    e.receive_add(left, segment(r - s - 1), scratch);
   }
   // All-gather: the sum's owner encodes it once; everyone (the owner too) decodes those bytes.
   std::vector<std::vector<std::byte>> carried;
-  for (auto p : pieces(segment(r + 1))) {
-    encode(p, carried.emplace_back());
-    std::fill(p.begin(), p.end(), 0.0f);
-    charged(comm, [&] { codec.decode_add(std::span<const std::byte>(carried.back()), p); });
-  }
+  e.encode_sum(segment(r + 1), carried);
   for (int s = 0; s < n - 1; ++s) {
-    expect(segment(r - s));
+    e.expect(left, segment(r - s));
     for (const auto& bytes : carried) comm.send_to(right, std::span<const std::byte>(bytes));
-    const auto into = pieces(segment(r - s));
+    const auto into = e.pieces(segment(r - s));
     carried.resize(into.size());
-    for (std::size_t i = 0; i < into.size(); ++i) {
-      receive(into[i], carried[i]);
-      std::fill(into[i].begin(), into[i].end(), 0.0f);
-      decode_add(into[i], carried[i]);
-    }
+    for (std::size_t i = 0; i < into.size(); ++i) e.take(left, into[i], carried[i]);
   }
-  if (average) {
-    const float scale = 1.0f / static_cast<float>(n);
-    for (auto& v : values) v *= scale;
-  }
+  e.finish(average);
 }
 
 // Recursive halving then doubling through a dense codec (the communicator's
@@ -25370,92 +25405,39 @@ void ring_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool ave
 // rounding a round, log2(N) in all where the ring has N - 1), and the partner decodes it and adds
 // its own values in f32; in the all-gather each part is encoded once by the peer that holds its
 // sum and forwarded as is, so every peer decodes the same bytes and ends with the same bits.
-// Parts are cut at multiples of the codec's block, as the ring's segments. A world of 2^k.
+// Parts are cut as the ring's segments. A world of 2^k.
 template <class Codec, class Comm>
 void halving_doubling_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average) {
   const int n = comm.world(), r = comm.rank();
   decentrain::detail::check(n >= 1 && std::has_single_bit(static_cast<unsigned>(n)), "collective: halving and doubling ",
                             "through a codec needs a world of 2^k peers, not ", n);
   if (n == 1) return;
-  const std::size_t block = codec_block(codec), total = values.size();
-  const std::size_t blocks = (total + block - 1) / block;
-  auto at = [&](int s) {
-    const auto k = static_cast<std::size_t>(s);
-    const std::size_t b = blocks / static_cast<std::size_t>(n), extra = blocks % static_cast<std::size_t>(n);
-    return std::min(total, (k * b + std::min(k, extra)) * block);
-  };
-  auto parts = [&](int lo, int hi) { return values.subspan(at(lo), at(hi) - at(lo)); };
-  const std::size_t piece = std::max<std::size_t>(block, ((std::size_t{1} << 20) / block) * block);
-  auto pieces = [&](std::span<float> range) {
-    std::vector<std::span<float>> out;
-    for (std::size_t from = 0; from < range.size(); from += piece) out.push_back(range.subspan(from, std::min(piece, range.size() - from)));
-    return out;
-  };
-  auto encode = [&](std::span<float> p, std::vector<std::byte>& into) {
-    into.resize(codec.max_encoded_bytes(p.size()));
-    into.resize(charged(comm, [&] { return codec.encode(std::span<const float>(p), into); }));
-  };
-  auto receive = [&](int partner, std::span<float> p, std::vector<std::byte>& into) {
-    into.resize(codec.max_encoded_bytes(p.size()));
-    comm.recv_from(partner, std::span<std::byte>(into));
-  };
-  auto decode_add = [&](int partner, std::span<float> p, const std::vector<std::byte>& from) {
-    try {
-      charged(comm, [&] { codec.decode_add(std::span<const std::byte>(from), p); });
-    } catch (const decentrain::error& e) {
-      transport::fail_peer(partner, "all_reduce", "codec: the payload of peer ", partner, " was rejected: ", e.what());
-    }
-  };
-  // (each peer says what it will take before it sends: transport::expect)
-  auto expect = [&](int partner, std::span<float> range) {
-    std::vector<std::size_t> sizes;
-    for (auto p : pieces(range)) sizes.push_back(codec.max_encoded_bytes(p.size()));
-    comm.expect_from(partner, std::span<const std::size_t>(sizes));
-  };
-  std::vector<std::byte> out, in;
+  detail::encoded_parts<Codec, Comm> e(codec, comm, values, n);
+  std::vector<std::byte> scratch;
   int lo = 0, hi = n;  // the parts this peer holds
   for (int bit = n / 2; bit >= 1; bit /= 2) {  // reduce-scatter: the range halves
     const int partner = r ^ bit, mid = lo + (hi - lo) / 2;
     const bool lower = (r & bit) == 0;
-    const auto give = lower ? parts(mid, hi) : parts(lo, mid), keep = lower ? parts(lo, mid) : parts(mid, hi);
-    expect(partner, keep);
-    for (auto p : pieces(give)) {
-      encode(p, out);
-      comm.send_to(partner, std::span<const std::byte>(out));
-    }
-    for (auto p : pieces(keep)) {
-      receive(partner, p, in);
-      decode_add(partner, p, in);
-    }
+    const auto give = lower ? e.parts(mid, hi) : e.parts(lo, mid), keep = lower ? e.parts(lo, mid) : e.parts(mid, hi);
+    e.expect(partner, keep);
+    e.send(partner, give, scratch);
+    e.receive_add(partner, keep, scratch);
     (lower ? hi : lo) = mid;
   }
   // All-gather: part r's sum encoded once here; everyone (this peer too) decodes those bytes.
   std::vector<std::vector<std::vector<std::byte>>> carried(static_cast<std::size_t>(n));  // each part's pieces, encoded
-  for (auto p : pieces(parts(r, r + 1))) {
-    auto& bytes = carried[static_cast<std::size_t>(r)].emplace_back();
-    encode(p, bytes);
-    std::fill(p.begin(), p.end(), 0.0f);
-    charged(comm, [&] { codec.decode_add(std::span<const std::byte>(bytes), p); });
-  }
+  e.encode_sum(e.parts(r, r + 1), carried[static_cast<std::size_t>(r)]);
   for (int bit = 1; bit < n; bit *= 2) {  // the range doubles
     const int partner = r ^ bit, theirs = lo ^ bit, width = hi - lo;
-    expect(partner, parts(theirs, theirs + width));
+    e.expect(partner, e.parts(theirs, theirs + width));
     for (int s = lo; s < hi; ++s)
       for (const auto& bytes : carried[static_cast<std::size_t>(s)]) comm.send_to(partner, std::span<const std::byte>(bytes));
     for (int s = theirs; s < theirs + width; ++s)
-      for (auto p : pieces(parts(s, s + 1))) {
-        auto& bytes = carried[static_cast<std::size_t>(s)].emplace_back();
-        receive(partner, p, bytes);
-        std::fill(p.begin(), p.end(), 0.0f);
-        decode_add(partner, p, bytes);
-      }
+      for (auto p : e.pieces(e.parts(s, s + 1))) e.take(partner, p, carried[static_cast<std::size_t>(s)].emplace_back());
     lo = std::min(lo, theirs);
     hi = lo + 2 * width;
   }
-  if (average) {
-    const float scale = 1.0f / static_cast<float>(n);
-    for (auto& v : values) v *= scale;
-  }
+  e.finish(average);
 }
 
 // A dense codec's all-reduce: recursive halving and doubling where the communicator's options
@@ -30441,7 +30423,7 @@ class deadline_rounds {
   static constexpr transport::tag_type channel = transport::tag_type{0x646c6e31u} << 32;  // "dln1"
   static constexpr transport::tag_type arrival_tag = channel | 1, group_tag = channel | 2, result_tag = channel | 3;
   // An arrival: [round, seconds per inner step, the round's length on the replica's clock, part
-  // (1: it went on partway into the round)].
+  // (1: its arrival is no measure of the round's length: see started)].
   static constexpr std::size_t arrival_fields = 4;
 
   // Seconds as text, exactly (%.17g), space after each.
@@ -30653,7 +30635,7 @@ class deadline_rounds {
   std::int64_t through_ = -1;         // the last step counted
   int leader_ = 0;  // this round's
   double start_ = 0, first_ = 0;  // this round's start and (leading) the deadline's anchor, on this clock
-  bool part_ = false;             // this replica went on partway into this round
+  bool part_ = false;             // this replica's arrival will be no measure of this round (see started)
   // The first arrival of the round (the one before), after its start on the leader's clock
   double first_after_start_ = 0, previous_first_after_start_ = 0;
   std::vector<deadline_round_record> rounds_;

@@ -57,10 +57,10 @@ struct options {
   // the ring's bandwidth does (bench/RESULTS.md).
   std::size_t recursive_doubling_below_bytes = std::size_t{512} << 10;
   // Set: in a world of 2^k >= 4 peers, automatic takes recursive halving then doubling where it
-  // would take the ring (the ring's bytes in 2 log2(N) latencies instead of 2 (N - 1)). On links
-  // alike it is faster: 0.84x the ring's time for 16 MB on 8 peers of `wan`, 0.95x on `lan`; where
-  // each peer's links differ the ring, pipelined, is: 1.18x for 16 MB on 8 `heterogeneous` peers,
-  // 1.08x on 4 (bench/RESULTS.md, bench_allreduce_simulated --algorithms). Every peer the same.
+  // would take the ring (the ring's bytes in 2 log2(N) latencies instead of 2 (N - 1)), and so
+  // does a dense codec's exchange. Faster on links alike; where each peer's links differ the
+  // ring, pipelined, is, hence off by default (bench/RESULTS.md, bench_allreduce_simulated
+  // --algorithms). Every peer the same.
   bool halving_doubling = false;
   // The slowest link's bandwidth x latency in bytes, for transports that cannot tell; 0: unknown.
   double link_bytes_in_flight = 0.0;
@@ -688,6 +688,12 @@ class communicator {
   // ends with the same bits. Each round sends the whole buffer, hence only for small buffers.
   template <class T>
   void recursive_doubling_all_reduce(std::span<T> data, reduce_op op, transport::tag_type tag);
+  // Where part k of `total` values cut into n begins (0 <= k <= n): the first total % n parts
+  // one value longer (the ring's segments, halving's parts).
+  static std::size_t part_begin(std::size_t total, int n, int k) {
+    const auto parts = static_cast<std::size_t>(n), at = static_cast<std::size_t>(k);
+    return at * (total / parts) + std::min(at, total % parts);
+  }
   // Recursive doubling's and halving's worlds of P = 2^floor(log2 N): each of the N - P peers
   // above P hands its buffer to peer rank - P, which combines it in, and takes the result back
   // from it (fold_out). Returns P, or 0 on a peer above it (which holds the result then).
@@ -769,10 +775,7 @@ void communicator<Endpoint>::ring_all_reduce(std::span<T> data, reduce_op op, tr
   const int n = world(), r = ring_position();  // (segments are numbered by ring position)
   const std::size_t total = data.size(), base = total / static_cast<std::size_t>(n),
                     extra = total % static_cast<std::size_t>(n);
-  auto seg_begin = [&](int s) {
-    const auto k = static_cast<std::size_t>((s % n + n) % n);
-    return k * base + std::min(k, extra);
-  };
+  auto seg_begin = [&](int s) { return part_begin(total, n, (s % n + n) % n); };
   auto seg_size = [&](int s) {
     const auto k = static_cast<std::size_t>((s % n + n) % n);
     return base + (k < extra ? 1 : 0);
@@ -929,11 +932,7 @@ void communicator<Endpoint>::halving_doubling_all_reduce(std::span<T> data, redu
   const int r = rank(), p = fold_in(data, op, tag);
   if (p == 0) return;
   // P parts cut as the ring cuts its segments; this peer ends the reduce-scatter holding part r.
-  const std::size_t total = data.size(), base = total / static_cast<std::size_t>(p), extra = total % static_cast<std::size_t>(p);
-  auto at = [&](int s) {
-    const auto k = static_cast<std::size_t>(s);
-    return k * base + std::min(k, extra);
-  };
+  auto at = [&](int k) { return part_begin(data.size(), p, k); };
   auto parts = [&](int lo, int hi) { return data.subspan(at(lo), at(hi) - at(lo)); };
   const std::size_t chunk = std::max<std::size_t>(1, opts_.chunk_bytes / sizeof(T));
   const auto in = scratch<T>(at(p / 2));  // (the largest half kept)

@@ -276,7 +276,7 @@ class deadline_rounds {
   static constexpr transport::tag_type channel = transport::tag_type{0x646c6e31u} << 32;  // "dln1"
   static constexpr transport::tag_type arrival_tag = channel | 1, group_tag = channel | 2, result_tag = channel | 3;
   // An arrival: [round, seconds per inner step, the round's length on the replica's clock, part
-  // (1: it went on partway into the round)].
+  // (1: its arrival is no measure of the round's length: see started)].
   static constexpr std::size_t arrival_fields = 4;
 
   // Seconds as text, exactly (%.17g), space after each.
@@ -488,7 +488,7 @@ class deadline_rounds {
   std::int64_t through_ = -1;         // the last step counted
   int leader_ = 0;  // this round's
   double start_ = 0, first_ = 0;  // this round's start and (leading) the deadline's anchor, on this clock
-  bool part_ = false;             // this replica went on partway into this round
+  bool part_ = false;             // this replica's arrival will be no measure of this round (see started)
   // The first arrival of the round (the one before), after its start on the leader's clock
   double first_after_start_ = 0, previous_first_after_start_ = 0;
   std::vector<deadline_round_record> rounds_;
