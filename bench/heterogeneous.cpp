@@ -115,7 +115,11 @@ row run(const std::string& name, const Comm& comm, const setup& s, const std::ve
     });
     if constexpr (requires { t.policy().choices(); })
       if (t.rank() == 0)
-        t.on_step([&r, &t](const dt::train::step_metrics&) { r.picks = t.policy().choices(); });
+        t.on_step([&r, &t](const dt::train::step_metrics&) {
+          r.picks = t.policy().choices();
+          if constexpr (requires { t.policy().last_exchange(); })  // (Streaming DiLoCo's, its why saying so)
+            if (const auto& last = t.policy().last_exchange()) r.picks.push_back(*last);
+        });
   };
   const auto results = dt::train::fit_in_process<Trainer>(net, cfg, opts, data, comm, keep_picks);
   r.name = name;

@@ -1291,6 +1291,9 @@ int train(const train_plan& p, const dt::data::token_dataset& dataset, Comm comm
     if (const auto& picks = hooks.picks[static_cast<std::size_t>(asker)]; !picks.empty())
       std::printf("auto: %zu pick%s; at the end %s (picked after step %lld: %s)\n", picks.size(), picks.size() == 1 ? "" : "s",
                   cli::describe_pick(picks.back()).c_str(), static_cast<long long>(picks.back().step), picks.back().why.c_str());
+    if (const auto& last = hooks.last_exchanges[static_cast<std::size_t>(asker)])
+      std::printf("auto: %s; through %s (%.3f s predicted, %.1f%% busy over the run)\n", last->why.c_str(), last->codec_name.c_str(),
+                  last->exchange_s, 100 * last->busy);
     print_deadlines(hooks.deadline_runs);
     if (p.parallel.swarm) print_swarm(p, hooks.swarm_runs, hooks.rows_by_stage, wall_s);
     else if (p.parallel.stages() > 1) print_stages(p, results, hooks.stage_runs, rank);

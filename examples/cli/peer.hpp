@@ -223,6 +223,7 @@ struct run_hooks {
     changes.assign(n, {});
     change_counts.assign(n, 0);
     picks.assign(n, {});
+    last_exchanges.assign(n, {});
     site_maps.assign(n, {});
     ring_picks.assign(n, {});
     deadline_runs.assign(n, {});
@@ -243,6 +244,7 @@ struct run_hooks {
   std::vector<std::vector<dt::fault::membership_change>> changes;
   std::vector<std::uint64_t> change_counts;  // how many changes each saw (changes keeps the latest)
   std::vector<std::vector<dt::comm::tuning_choice>> picks;  // --auto: each peer's picks so far
+  std::vector<std::optional<dt::comm::tuning_choice>> last_exchanges;  // --auto, streaming: the codec of each peer's last exchange
   std::vector<std::optional<dt::collective::site_map>> site_maps;  // --site: each peer's sites at the end
   std::vector<std::optional<dt::collective::ring_pick>> ring_picks;  // --ring-order: each peer's last order measured
   // --deadline: what each peer's rounds came to (see deadline_figures)
@@ -384,6 +386,14 @@ dt::train::fit_result run_peer(const peer_job<Comm, Fault>& job, dt::transport::
           if (h.metrics) h.metrics->event(pick_line(m.rank, all[i]));
         }
         seen = all;
+        if constexpr (requires { t.policy().last_exchange(); }) {
+          auto& last = h.last_exchanges[static_cast<std::size_t>(m.rank)];
+          if (const auto& now = t.policy().last_exchange(); now && !last) {
+            last = now;
+            if (m.rank == 0 && !quiet) print_pick(*now);
+            if (h.metrics) h.metrics->event(pick_line(m.rank, *now));
+          }
+        }
       });
   if (p.parallel.stages() > 1 && !p.parallel.swarm)
     t.on_step([&t, &h](const dt::train::step_metrics&) {

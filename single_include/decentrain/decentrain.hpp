@@ -23286,6 +23286,13 @@ class communicator {
     return h;
   }
 
+  // Peers that disagree on the ring's chunk or window sizes would pair the wrong messages (of
+  // the same size, from other chunks or steps) and add them up without noticing: before the
+  // first ring (or halving and doubling) all-reduce the peers compare the sizes they use, and
+  // whether automatic takes halving and doubling for the ring; a codec's all-reduce
+  // (encoded_all_reduce) before it takes either. Once, and every peer alike (a collective).
+  void agree_on_ring_sizes();
+
   template <class T>
   pending all_reduce_async(std::span<T> data, reduce_op op = reduce_op::sum) {
     return start([data, op](communicator& c) { c.all_reduce(data, op); });
@@ -23477,12 +23484,6 @@ class communicator {
   // Uneven sizes are fine: segments differ by at most one element, a missing chunk is empty.
   template <class T>
   void ring_all_reduce(std::span<T> data, reduce_op op, transport::tag_type tag);
-
-  // Peers that disagree on the ring's chunk or window sizes would pair the wrong messages (of
-  // the same size, from other chunks or steps) and add them up without noticing: before the
-  // first ring (or halving and doubling) all-reduce the peers compare the sizes they use, and
-  // whether automatic takes halving and doubling for the ring.
-  void agree_on_ring_sizes();
 
   // Peers given different counts for a partitioned all-reduce would each reduce a range the
   // others do not send them: before the first one with these counts the peers compare them (a
@@ -25442,9 +25443,12 @@ void halving_doubling_all_reduce(Codec& codec, Comm& comm, std::span<float> valu
 
 // A dense codec's all-reduce: recursive halving and doubling where the communicator's options
 // ask for it in place of the ring (collective::options::halving_doubling, a world of 2^k >= 4),
-// else the ring.
+// else the ring. The peers compare those options first (once), so peers set differently are
+// told so, not paired into messages of the wrong sizes.
 template <class Codec, class Comm>
 void dense_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average) {
+  if constexpr (requires { comm.agree_on_ring_sizes(); })
+    if (comm.world() > 1) comm.agree_on_ring_sizes();
   bool halving = false;
   if constexpr (requires { comm.settings().halving_doubling; })
     halving = comm.settings().halving_doubling && comm.world() >= 4 && std::has_single_bit(static_cast<unsigned>(comm.world()));
@@ -25498,6 +25502,8 @@ void encoded_all_reduce(compress::error_feedback<Codec>& codec, Comm& comm, std:
 template <class Codec, class Comm>
 void encoded_all_reduce(compress::adaptive<Codec>& codec, Comm& comm, std::span<float> values, bool average) {
   const auto plan = codec.begin_round();
+  if constexpr (requires { comm.agree_on_ring_sizes(); })  // (once, and timed in neither probe)
+    if (comm.world() > 1) comm.agree_on_ring_sizes();
   const double t0 = comm.endpoint().stats().clock_seconds;
   if (plan.through_codec) {
     encoded_all_reduce(codec.codec, comm, values, average);
@@ -29121,6 +29127,23 @@ double exchange_seconds(const Codec& codec, std::size_t values, int world, const
   return ring_latency_s(m) + m.per_byte_s * exchange_bytes(codec, values, world);
 }
 
+// The seconds exchanges of `sizes` values each take when they run at once, each on a lane of
+// its own (Streaming DiLoCo's last exchange): their latencies overlap, their bytes share the
+// links. Each as exchange_seconds prices it alone; the longest latencies and every byte.
+template <class Codec>
+double exchanges_at_once_seconds(const Codec& codec, std::span<const std::size_t> sizes, int world, const tuning_measure& m,
+                                 std::size_t recursive_doubling_below) {
+  tuning_measure latencies = m;
+  latencies.per_byte_s = latencies.rd_per_byte_s = 0;
+  double longest = 0, bytes = 0;
+  for (const auto n : sizes) {
+    const double fixed = exchange_seconds(codec, n, world, latencies, recursive_doubling_below);
+    longest = std::max(longest, fixed);
+    bytes += exchange_seconds(codec, n, world, m, recursive_doubling_below) - fixed;
+  }
+  return longest + bytes;
+}
+
 // `m` with the figures of the algorithm an exchange took scaled by `ratio` (what it took over
 // what `m` predicted): recursive doubling's latencies and seconds per byte where `rd`, else the
 // ring's; the other algorithm's as they were (an exchange by one says nothing of the other).
@@ -29294,6 +29317,36 @@ struct auto_tuning {
     }
     decentrain::detail::check(have, "auto_tuning: no fragment count of ", describe(), " fits the model");
     return best.pick;
+  }
+
+  // The codec of a run's last exchange, which nothing is left to hide (Streaming DiLoCo's: every
+  // fragment at once, of `sizes` values each: exchanges_at_once_seconds): the rounds' codec, codecs[at],
+  // where that exchange takes at most `spare_s`; else the least lossy dense codec after it that
+  // does, else the quickest of those and the rounds' own. Only dense codecs: each value rounded,
+  // none left out (a top-k would drop most of the last round, its residual has no round to go to).
+  // Never one before `at`: a run that took a lossier codec for its rounds took it to fit the link.
+  // The same inputs give the same pick on every replica.
+  tuning_choice choose_last_exchange(const tuning_measure& m, std::span<const std::size_t> sizes, int world, std::size_t at,
+                                     double spare_s, std::size_t recursive_doubling_below = 0) const {
+    decentrain::detail::check(at < codecs.size(), "auto_tuning: codec ", at, " of ", codecs.size(), " for the last exchange");
+    const auto priced = [&](std::size_t i) {
+      tuning_choice c;
+      c.codec = i;
+      c.codec_name = compress::describe(codecs[i]);
+      c.fragments = static_cast<std::int64_t>(sizes.size());
+      c.exchange_s = exchanges_at_once_seconds(codecs[i], sizes, world, m, recursive_doubling_below);
+      c.measured = m;
+      return c;
+    };
+    tuning_choice best = priced(at);
+    if (best.exchange_s <= spare_s) return best;
+    for (std::size_t i = at + 1; i < codecs.size(); ++i) {
+      if (!compress::is_dense(codecs[i])) continue;
+      auto c = priced(i);
+      if (c.exchange_s <= spare_s) return c;
+      if (c.exchange_s < best.exchange_s) best = std::move(c);
+    }
+    return best;
   }
 
   // `recent` moved toward a round's `now` by `smoothing`.
@@ -31836,7 +31889,9 @@ struct local_sgd {
 //
 // Tuned (`tune`, the command line's --auto), the policy picks H, P, tau and the codec itself
 // from what the replicas measure (comm/auto_tuning.hpp's choose_streaming), after its first step,
-// and again when the rounds' measures drift from those the pick came from.
+// and again when the rounds' measures drift from those the pick came from; and the codec of the
+// run's last exchange, which nothing is left to hide, from the time the run has to spare
+// (pick_last_exchange).
 
 #include <algorithm>
 #include <cmath>
@@ -32143,6 +32198,7 @@ struct streaming_diloco {
   template <class Ctx>
   void start(Ctx& ctx) {
     using decentrain::detail::check;
+    last_exchange_.reset();
     if (!ctx.resumed && given_) {  // a fresh run of a policy that picked in an earlier one: from the settings given
       inner_steps = given_->inner_steps;
       fragments = given_->fragments;
@@ -32285,6 +32341,9 @@ struct streaming_diloco {
   bool ends_round_at(std::int64_t step) const { return step + 1 >= round_from_ && into_round(step) % inner_steps == 0; }
   // Tuned: the picks so far (a resumed run's earlier ones are one placeholder with step -1).
   const std::vector<tuning_choice>& choices() const { return choices_; }
+  // Tuned: the pick of the codec of the run's last exchange (pick_last_exchange), once the run's
+  // last step has sent it.
+  const std::optional<tuning_choice>& last_exchange() const { return last_exchange_; }
 
   // Exchanges merged so far (one per fragment per round).
   std::int64_t merges() const { return merges_; }
@@ -32309,6 +32368,7 @@ struct streaming_diloco {
       save_measure(c, "comm.streaming_diloco.tune.basis.", basis_);
       save_measure(c, "comm.streaming_diloco.tune.recent.", recent_);
       c.counters["comm.streaming_diloco.tune.calibrated"] = calibrated_ ? 1 : 0;
+      save_exact(c, "comm.streaming_diloco.tune.busy", choices_.back().busy);  // (the last exchange's spare time is priced from it)
       // The round's measures so far, and the last round's agreed in the background (waited for).
       save_exact(c, "comm.streaming_diloco.tune.round_compute_s", round_.compute_s);
       save_exact(c, "comm.streaming_diloco.tune.round_ratio", round_.ratio);
@@ -32476,9 +32536,26 @@ struct streaming_diloco {
       if (p.lands_after >= 0 && (p.lands_after <= ctx.step || ctx.last_step)) land(ctx, p, eager ? -1.0 : mix);
     if (ctx.last_step) {
       // Every fragment once more, all at once (their latencies overlap), merged with mix 0: the
-      // run ends with every peer on the same global parameters.
-      for (auto& p : parts_) send(ctx, p, ctx.step, true);
-      for (auto& p : parts_) land(ctx, p, 0.0);
+      // run ends with every peer on the same global parameters. Tuned, through the codec that
+      // keeps the run's compute share (pick_last_exchange); the rounds' codecs are back after it.
+      last_exchange_ = pick_last_exchange(ctx);
+      std::vector<Codec> rounds;
+      if (last_exchange_ && last_exchange_->codec != codec_at_)
+        for (auto& p : parts_) {
+          rounds.push_back(std::exchange(p.codec, tune->codecs[last_exchange_->codec]));
+          compress::set_layout(p.codec, p.layout);
+        }
+      const auto restore = [&] {
+        for (std::size_t f = 0; f < rounds.size(); ++f) parts_[f].codec = std::move(rounds[f]);
+      };
+      try {
+        for (auto& p : parts_) send(ctx, p, ctx.step, true);
+        for (auto& p : parts_) land(ctx, p, 0.0);
+      } catch (...) {
+        restore();
+        throw;
+      }
+      restore();
       return;
     }
     if (!picked) return;  // (the probe still runs beside the steps: nothing is sent before the first pick)
@@ -32494,6 +32571,32 @@ struct streaming_diloco {
     }
   }
 
+  // Tuned: the codec of the run's last exchange (auto_tuning::choose_last_exchange), which
+  // nothing hides: the run has its compute (the run's steps at the slowest replica's seconds per
+  // inner step) over tune->busy to take, less what the rounds' pick left exposed (its predicted
+  // busy share); what remains is the last exchange's. None untuned, before a pick, with the
+  // settings given kept, or alone.
+  template <class Ctx>
+  std::optional<tuning_choice> pick_last_exchange(Ctx& ctx) const {
+    if (!tune || tune->codecs.empty() || choices_.empty() || codec_at_ == own_codec || ctx.replicas.world() <= 1) return std::nullopt;
+    const double rounds_busy = choices_.back().busy > 0 ? choices_.back().busy : tune->busy;
+    const double compute = static_cast<double>(std::max(ctx.run_steps, ctx.step + 1)) * recent_.step_s;
+    const double spare = std::max(0.0, compute / tune->busy - compute / rounds_busy);
+    std::vector<std::size_t> sizes;
+    for (const auto& p : parts_) sizes.push_back(p.size);
+    auto c = tune->choose_last_exchange(recent_, sizes, ctx.replicas.world(), codec_at_, spare, rd_below(ctx));
+    c.step = ctx.step;
+    c.inner_steps = inner_steps;
+    c.overlap = overlap;
+    c.busy = compute > 0 ? compute / (compute / rounds_busy + c.exchange_s) : 1.0;
+    const double rounds_codec_s = exchanges_at_once_seconds(codec, sizes, ctx.replicas.world(), recent_, rd_below(ctx));
+    const auto ms = [](double s) { return std::round(s * 1e3) / 1e3; };  // (printed to the millisecond)
+    c.why = decentrain::detail::concat("the run's last exchange: ", ms(spare), " s to spare",
+                                       c.codec == codec_at_ ? std::string()
+                                                            : decentrain::detail::concat(", ", compress::describe(codec), " would take ",
+                                                                                         ms(rounds_codec_s), " s"));
+    return c;
+  }
   // Sized to speed, after each step but the last: the step's compute counted; after the second
   // (the run's first is cold: counted in neither the measure nor the deadline, every replica
   // took one inner step in it), the speeds go to their agreement on a lane, and the rest of the
@@ -32743,7 +32846,10 @@ struct streaming_diloco {
       if (static_cast<std::size_t>(at) != codec_at_) codec = offered;
     }
     codec_at_ = at < 0 ? own_codec : static_cast<std::size_t>(at);
-    if (choices_.empty()) choices_.resize(1, tuning_choice{});  // (the pick itself is not in the checkpoint)
+    if (choices_.empty()) choices_.resize(1, tuning_choice{});  // (the pick itself is not in the checkpoint, but its busy share)
+    choices_.back().busy = seconds("comm.streaming_diloco.tune.busy");
+    check(std::isfinite(choices_.back().busy) && choices_.back().busy >= 0 && choices_.back().busy <= 1,
+          "checkpoint: streaming_diloco's tuned busy share ", choices_.back().busy, " is not in [0, 1]");
     pick_tried_ = true;
   }
 
@@ -32912,6 +33018,7 @@ struct streaming_diloco {
   static constexpr std::size_t own_codec = static_cast<std::size_t>(-1);
   std::size_t codec_at_ = own_codec;
   std::vector<tuning_choice> choices_;
+  std::optional<tuning_choice> last_exchange_;
   bool pick_tried_ = false, tuned_state_ = false;
   bool loaded_while_running_ = false;  // load() took a state into parts_ (see start)
   std::int64_t merges_ = 0;

@@ -679,6 +679,12 @@ TEST_CASE("train --comm streaming-diloco --auto: the fragments, overlap, H and c
   // doubling's among them (at.() throws where a field is missing; 0 s a byte on lan is a figure).
   CHECK(std::stod(first.at("small_s").text) > 0);
   CHECK(std::stod(first.at("rd_per_byte_s").text) >= 0);
+  // The codec of the run's last exchange, which nothing hides, is picked too: in the summary,
+  // and last in the metrics, after the run's last step.
+  CHECK_THAT(r.output, Contains("auto: the run's last exchange: ") && Contains(" s to spare; through "));
+  const auto last = dt::io::parse_json(picks[0].back());
+  CHECK(last.at("why").as_string().rfind("the run's last exchange: ", 0) == 0);
+  CHECK(last.at("step").as_int() == 59);
 
   r = run(cli() + args + " --fragments 2", dir);
   CHECK_THAT(r.output, Contains("--auto with --comm streaming-diloco picks the fragments and the overlap: --fragments, --overlap"));

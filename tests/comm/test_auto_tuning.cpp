@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -67,6 +68,7 @@ struct tuned_run {
   std::vector<std::string> codec_in_use;                        // by rank, at the end
   std::vector<std::size_t> ring_picks;                          // by rank: orders measured (with ring)
   std::vector<std::vector<int>> ring_order;                     // by rank: the last one
+  std::vector<std::optional<dt::comm::tuning_choice>> last_exchange;  // by rank: Streaming DiLoCo's
 };
 
 // Four peers of `speeds` under `policy` for `steps` steps, the links slowed by `slowdown` from
@@ -83,7 +85,8 @@ tuned_run run_tuned(const Policy& policy, std::int64_t steps, double slow_from =
   if (slow_from >= 0) o.slowdowns = {{slow_from, slowdown}};
   tuned_run out{std::vector<std::vector<float>>(4), std::vector<std::vector<dt::comm::tuning_choice>>(4),
                 std::vector<std::vector<dt::train::step_metrics>>(4), std::vector<std::vector<std::int64_t>>(4),
-                std::vector<std::string>(4), std::vector<std::size_t>(4), std::vector<std::vector<int>>(4)};
+                std::vector<std::string>(4), std::vector<std::size_t>(4), std::vector<std::vector<int>>(4),
+                std::vector<std::optional<dt::comm::tuning_choice>>(4)};
   if (saved_out) saved_out->assign(4, {});
   dt::transport::in_process(ten_second_links(), o).run([&](dt::transport::in_process::endpoint& ep) {
     const auto r = static_cast<std::size_t>(ep.rank());
@@ -107,6 +110,7 @@ tuned_run run_tuned(const Policy& policy, std::int64_t steps, double slow_from =
     out.params[r] = fixture::flat_params(t.model().parameters());
     out.choices[r] = t.policy().choices();
     out.codec_in_use[r] = dt::compress::describe(t.policy().codec);
+    if constexpr (requires { t.policy().last_exchange(); }) out.last_exchange[r] = t.policy().last_exchange();
     if constexpr (requires { t.policy().ordering(); }) {
       out.ring_picks[r] = t.policy().ordering().picks();
       if (const auto& last = t.policy().ordering().last()) out.ring_order[r] = last->order;
@@ -413,6 +417,38 @@ TEST_CASE("auto_tuning: streaming's fragments and overlap that keep the compute 
   CHECK_THROWS_WITH(t.validate("streaming_diloco"), Catch::Matchers::Contains("tune.fragment_counts holds 0"));
 }
 
+TEST_CASE("auto_tuning: the run's last exchange through the rounds' codec where the run has the time to spare, else the least lossy dense codec after it that fits, by hand") {
+  auto t = ladder();  // identity, int8, int4
+  t.codecs.push_back(dt::collective::parse_codec("topk:0.01,ef"));
+  const std::size_t n = 1'000'000;
+  const std::vector<std::size_t> quarters(4, n / 4);  // every fragment at once
+  // 4 replicas on a ring (nothing by recursive doubling: no small_s), 0.05 s of latencies and
+  // 1 s a MB sent: each fragment's 1.5x of its payload (a dense codec's). The four run at once:
+  // their latencies overlap, their bytes add up.
+  const dt::comm::tuning_measure m{0.1, 0.05, 1e-6};
+  const auto all = [&](std::size_t codec) {
+    return 0.05 + 4 * 1e-6 * 1.5 * static_cast<double>(t.codecs[codec].max_encoded_bytes(n / 4));
+  };
+  REQUIRE(all(0) == Approx(6.05));
+  REQUIRE((all(1) < 2.0 && all(2) < 0.8 * all(1)));
+  const auto pick = [&](std::size_t at, double spare) { return t.choose_last_exchange(m, quarters, 4, at, spare); };
+  const auto roomy = pick(0, 10.0);  // f32 fits: kept
+  CHECK((roomy.codec == 0 && roomy.codec_name == "identity" && roomy.fragments == 4));
+  CHECK(roomy.exchange_s == Approx(all(0)));
+  const auto some = pick(0, 3.0);  // int8 is the least lossy that fits
+  CHECK((some.codec == 1 && some.exchange_s == Approx(all(1))));
+  CHECK(pick(0, (all(1) + all(2)) / 2).codec == 2);
+  // None fits: the quickest dense one (top-k, quicker, would drop 99% of the last round).
+  const auto none = pick(0, 0.0);
+  CHECK((none.codec == 2 && none.exchange_s == Approx(all(2))));
+  // Never less lossy than the rounds' codec; a sparse one of the rounds is kept where nothing after it is quicker.
+  CHECK(pick(1, 10.0).codec == 1);
+  CHECK(pick(2, 10.0).codec == 2);
+  const auto sparse = pick(3, 0.0);
+  CHECK((sparse.codec == 3 && sparse.exchange_s < all(2)));
+  CHECK_THROWS_WITH(pick(4, 1.0), Catch::Matchers::Contains("codec 4 of 4 for the last exchange"));
+}
+
 TEST_CASE("streaming_diloco tune: peers agree on H, fragments, overlap and codec, priced as their exchange goes, and pick again for slowed links") {
   // The links on which DiLoCo's rounds need int8 (an f32 exchange ~10 s against 1 s a step):
   // Streaming DiLoCo keeps f32 and hides each exchange behind its overlap. (A deterministic
@@ -447,6 +483,22 @@ TEST_CASE("streaming_diloco tune: peers agree on H, fragments, overlap and codec
   CHECK(pick.exchange_s > 1.2 * ring);
   CHECK(run.choices[0].size() == 1);
   CHECK(run.round_ends[0][1] == 2 * h - 1);
+  // The run's last exchange, which nothing hides: f32's (more than 10 s) does not fit in what
+  // 80 steps of 1 s at 90% busy leave (at most 8.9 s), so it goes through a lossier codec, the
+  // same on every peer, which still ends every peer on the same bits; the rounds' codec is back
+  // after it. It sends less than half of f32's recursive doubling (2 payloads a peer).
+  REQUIRE(run.last_exchange[0]);
+  const auto& last = *run.last_exchange[0];
+  INFO("the last exchange: " << last.codec_name << ", " << last.exchange_s << " s (" << last.why << ")");
+  CHECK((last.step == 79 && last.codec_name != "identity" && last.codec > 0));
+  CHECK(last.why.find("identity would take") != std::string::npos);
+  for (std::size_t r = 0; r < 4; ++r) {
+    REQUIRE(run.last_exchange[r]);
+    CHECK((run.last_exchange[r]->codec == last.codec && run.last_exchange[r]->exchange_s == last.exchange_s));
+  }
+  const auto last_bytes = run.by_step[0][79].policy_bytes_sent - run.by_step[0][78].policy_bytes_sent;
+  CHECK(last_bytes > 0);
+  CHECK(static_cast<double>(last_bytes) < 0.5 * 2 * 4 * static_cast<double>(tiny_values()));
   // Links slowed 5x mid-run: picked again ("drift: link"), every peer alike.
   const auto slowed = run_tuned(tuned_stream(), 100, 60.0, 5.0, nullptr, -1, nullptr, same_speed);
   for (std::size_t r = 0; r < 4; ++r) CHECK(same_picks(slowed.choices[r], slowed.choices[0]));
@@ -528,7 +580,7 @@ TEST_CASE("streaming_diloco tune: exchanges in the background hide behind the ov
   const auto& last = choices[0][judged];
   INFO("judged: the pick after step " << last.step << ": H " << last.inner_steps << ", " << last.fragments << " fragments, overlap "
                                       << last.overlap << ", exchange " << last.exchange_s << " s, step " << last.measured.step_s << " s");
-  const tuned_run view{{}, {}, by_step, {}, {}, {}, {}};
+  const tuned_run view{{}, {}, by_step, {}, {}, {}, {}, {}};
   const double round_s = static_cast<double>(last.inner_steps) * last.measured.step_s;
   const double waited_for = round_s / (round_s + last.exchange_s);
   INFO("busy with the exchange waited for: " << waited_for);
@@ -753,6 +805,11 @@ TEST_CASE("streaming_diloco tune: a run stopped mid-round and resumed ends bit f
   const auto resumed = run_tuned(policy, 100, -1, 1, &saved, -1, nullptr, same_speed);
   CHECK(resumed.params == whole.params);
   CHECK(resumed.choices[0].size() == 1);  // (a placeholder for the picks before; none made again)
+  // (the last exchange priced from the pick's busy share, which the checkpoint keeps)
+  CHECK(dt::comm::load_exact(saved[0], "comm.streaming_diloco.tune.busy", "a share") == pick.busy);
+  REQUIRE((whole.last_exchange[0] && resumed.last_exchange[0]));
+  CHECK((resumed.last_exchange[0]->codec == whole.last_exchange[0]->codec &&
+         resumed.last_exchange[0]->exchange_s == whole.last_exchange[0]->exchange_s));
   CHECK(resumed.round_ends[0] == std::vector<std::int64_t>(whole.round_ends[0].end() - static_cast<std::ptrdiff_t>(resumed.round_ends[0].size()),
                                                             whole.round_ends[0].end()));
   auto untuned = policy;

@@ -820,6 +820,42 @@ TEST_CASE("codecs: peers with different codec settings are refused at the first 
     dt::collective::agree_codec(cz::error_feedback<cz::top_k>{}, c);
   });
 }
+
+TEST_CASE("codecs: peers whose communicators set halving_doubling differently are told so by a codec's all-reduce") {
+  // One of 4 peers would go by halving and doubling, the others around the ring: paired into
+  // each other's messages they would fail on a size, or add the wrong parts. Every peer is told
+  // which option differs; set alike, the same call goes through.
+  for (const int odd : {-1, 1}) {
+    INFO("the peer set otherwise: " << odd);
+    std::vector<std::string> errors(4);
+    std::vector<int> finished(4, 0);
+    try {
+      dt::transport::in_process(4).run([&](dt::transport::in_process::endpoint& ep) {
+        const auto r = static_cast<std::size_t>(ep.rank());
+        dt::collective::communicator c(ep, {.halving_doubling = ep.rank() != odd});
+        std::vector<float> v(40'000, 1.0f);
+        try {
+          cz::int8_blockwise codec;
+          dt::collective::encoded_all_reduce(codec, c, std::span<float>(v), true);
+          finished[r] = 1;
+        } catch (const std::exception& e) {
+          errors[r] = e.what();
+          throw;
+        }
+      });
+    } catch (const std::exception&) {
+    }
+    for (std::size_t r = 0; r < 4; ++r) {
+      INFO("peer " << r);
+      if (odd < 0) {
+        CHECK((finished[r] == 1 && errors[r].empty()));
+      } else {
+        CHECK(finished[r] == 0);
+        CHECK_THAT(errors[r], Catch::Contains("set halving_doubling differently"));
+      }
+    }
+  }
+}
 #endif
 
 #ifndef DECENTRAIN_MPI_SUITE

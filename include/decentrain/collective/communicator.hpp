@@ -476,6 +476,13 @@ class communicator {
     return h;
   }
 
+  // Peers that disagree on the ring's chunk or window sizes would pair the wrong messages (of
+  // the same size, from other chunks or steps) and add them up without noticing: before the
+  // first ring (or halving and doubling) all-reduce the peers compare the sizes they use, and
+  // whether automatic takes halving and doubling for the ring; a codec's all-reduce
+  // (encoded_all_reduce) before it takes either. Once, and every peer alike (a collective).
+  void agree_on_ring_sizes();
+
   template <class T>
   pending all_reduce_async(std::span<T> data, reduce_op op = reduce_op::sum) {
     return start([data, op](communicator& c) { c.all_reduce(data, op); });
@@ -667,12 +674,6 @@ class communicator {
   // Uneven sizes are fine: segments differ by at most one element, a missing chunk is empty.
   template <class T>
   void ring_all_reduce(std::span<T> data, reduce_op op, transport::tag_type tag);
-
-  // Peers that disagree on the ring's chunk or window sizes would pair the wrong messages (of
-  // the same size, from other chunks or steps) and add them up without noticing: before the
-  // first ring (or halving and doubling) all-reduce the peers compare the sizes they use, and
-  // whether automatic takes halving and doubling for the ring.
-  void agree_on_ring_sizes();
 
   // Peers given different counts for a partitioned all-reduce would each reduce a range the
   // others do not send them: before the first one with these counts the peers compare them (a

@@ -303,9 +303,12 @@ void halving_doubling_all_reduce(Codec& codec, Comm& comm, std::span<float> valu
 
 // A dense codec's all-reduce: recursive halving and doubling where the communicator's options
 // ask for it in place of the ring (collective::options::halving_doubling, a world of 2^k >= 4),
-// else the ring.
+// else the ring. The peers compare those options first (once), so peers set differently are
+// told so, not paired into messages of the wrong sizes.
 template <class Codec, class Comm>
 void dense_all_reduce(Codec& codec, Comm& comm, std::span<float> values, bool average) {
+  if constexpr (requires { comm.agree_on_ring_sizes(); })
+    if (comm.world() > 1) comm.agree_on_ring_sizes();
   bool halving = false;
   if constexpr (requires { comm.settings().halving_doubling; })
     halving = comm.settings().halving_doubling && comm.world() >= 4 && std::has_single_bit(static_cast<unsigned>(comm.world()));
@@ -359,6 +362,8 @@ void encoded_all_reduce(compress::error_feedback<Codec>& codec, Comm& comm, std:
 template <class Codec, class Comm>
 void encoded_all_reduce(compress::adaptive<Codec>& codec, Comm& comm, std::span<float> values, bool average) {
   const auto plan = codec.begin_round();
+  if constexpr (requires { comm.agree_on_ring_sizes(); })  // (once, and timed in neither probe)
+    if (comm.world() > 1) comm.agree_on_ring_sizes();
   const double t0 = comm.endpoint().stats().clock_seconds;
   if (plan.through_codec) {
     encoded_all_reduce(codec.codec, comm, values, average);

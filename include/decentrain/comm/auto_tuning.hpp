@@ -113,6 +113,23 @@ double exchange_seconds(const Codec& codec, std::size_t values, int world, const
   return ring_latency_s(m) + m.per_byte_s * exchange_bytes(codec, values, world);
 }
 
+// The seconds exchanges of `sizes` values each take when they run at once, each on a lane of
+// its own (Streaming DiLoCo's last exchange): their latencies overlap, their bytes share the
+// links. Each as exchange_seconds prices it alone; the longest latencies and every byte.
+template <class Codec>
+double exchanges_at_once_seconds(const Codec& codec, std::span<const std::size_t> sizes, int world, const tuning_measure& m,
+                                 std::size_t recursive_doubling_below) {
+  tuning_measure latencies = m;
+  latencies.per_byte_s = latencies.rd_per_byte_s = 0;
+  double longest = 0, bytes = 0;
+  for (const auto n : sizes) {
+    const double fixed = exchange_seconds(codec, n, world, latencies, recursive_doubling_below);
+    longest = std::max(longest, fixed);
+    bytes += exchange_seconds(codec, n, world, m, recursive_doubling_below) - fixed;
+  }
+  return longest + bytes;
+}
+
 // `m` with the figures of the algorithm an exchange took scaled by `ratio` (what it took over
 // what `m` predicted): recursive doubling's latencies and seconds per byte where `rd`, else the
 // ring's; the other algorithm's as they were (an exchange by one says nothing of the other).
@@ -286,6 +303,36 @@ struct auto_tuning {
     }
     decentrain::detail::check(have, "auto_tuning: no fragment count of ", describe(), " fits the model");
     return best.pick;
+  }
+
+  // The codec of a run's last exchange, which nothing is left to hide (Streaming DiLoCo's: every
+  // fragment at once, of `sizes` values each: exchanges_at_once_seconds): the rounds' codec, codecs[at],
+  // where that exchange takes at most `spare_s`; else the least lossy dense codec after it that
+  // does, else the quickest of those and the rounds' own. Only dense codecs: each value rounded,
+  // none left out (a top-k would drop most of the last round, its residual has no round to go to).
+  // Never one before `at`: a run that took a lossier codec for its rounds took it to fit the link.
+  // The same inputs give the same pick on every replica.
+  tuning_choice choose_last_exchange(const tuning_measure& m, std::span<const std::size_t> sizes, int world, std::size_t at,
+                                     double spare_s, std::size_t recursive_doubling_below = 0) const {
+    decentrain::detail::check(at < codecs.size(), "auto_tuning: codec ", at, " of ", codecs.size(), " for the last exchange");
+    const auto priced = [&](std::size_t i) {
+      tuning_choice c;
+      c.codec = i;
+      c.codec_name = compress::describe(codecs[i]);
+      c.fragments = static_cast<std::int64_t>(sizes.size());
+      c.exchange_s = exchanges_at_once_seconds(codecs[i], sizes, world, m, recursive_doubling_below);
+      c.measured = m;
+      return c;
+    };
+    tuning_choice best = priced(at);
+    if (best.exchange_s <= spare_s) return best;
+    for (std::size_t i = at + 1; i < codecs.size(); ++i) {
+      if (!compress::is_dense(codecs[i])) continue;
+      auto c = priced(i);
+      if (c.exchange_s <= spare_s) return c;
+      if (c.exchange_s < best.exchange_s) best = std::move(c);
+    }
+    return best;
   }
 
   // `recent` moved toward a round's `now` by `smoothing`.

@@ -17,7 +17,9 @@
 //
 // Tuned (`tune`, the command line's --auto), the policy picks H, P, tau and the codec itself
 // from what the replicas measure (comm/auto_tuning.hpp's choose_streaming), after its first step,
-// and again when the rounds' measures drift from those the pick came from.
+// and again when the rounds' measures drift from those the pick came from; and the codec of the
+// run's last exchange, which nothing is left to hide, from the time the run has to spare
+// (pick_last_exchange).
 #pragma once
 
 #include <algorithm>
@@ -93,6 +95,7 @@ struct streaming_diloco {
   template <class Ctx>
   void start(Ctx& ctx) {
     using decentrain::detail::check;
+    last_exchange_.reset();
     if (!ctx.resumed && given_) {  // a fresh run of a policy that picked in an earlier one: from the settings given
       inner_steps = given_->inner_steps;
       fragments = given_->fragments;
@@ -235,6 +238,9 @@ struct streaming_diloco {
   bool ends_round_at(std::int64_t step) const { return step + 1 >= round_from_ && into_round(step) % inner_steps == 0; }
   // Tuned: the picks so far (a resumed run's earlier ones are one placeholder with step -1).
   const std::vector<tuning_choice>& choices() const { return choices_; }
+  // Tuned: the pick of the codec of the run's last exchange (pick_last_exchange), once the run's
+  // last step has sent it.
+  const std::optional<tuning_choice>& last_exchange() const { return last_exchange_; }
 
   // Exchanges merged so far (one per fragment per round).
   std::int64_t merges() const { return merges_; }
@@ -259,6 +265,7 @@ struct streaming_diloco {
       save_measure(c, "comm.streaming_diloco.tune.basis.", basis_);
       save_measure(c, "comm.streaming_diloco.tune.recent.", recent_);
       c.counters["comm.streaming_diloco.tune.calibrated"] = calibrated_ ? 1 : 0;
+      save_exact(c, "comm.streaming_diloco.tune.busy", choices_.back().busy);  // (the last exchange's spare time is priced from it)
       // The round's measures so far, and the last round's agreed in the background (waited for).
       save_exact(c, "comm.streaming_diloco.tune.round_compute_s", round_.compute_s);
       save_exact(c, "comm.streaming_diloco.tune.round_ratio", round_.ratio);
@@ -426,9 +433,26 @@ struct streaming_diloco {
       if (p.lands_after >= 0 && (p.lands_after <= ctx.step || ctx.last_step)) land(ctx, p, eager ? -1.0 : mix);
     if (ctx.last_step) {
       // Every fragment once more, all at once (their latencies overlap), merged with mix 0: the
-      // run ends with every peer on the same global parameters.
-      for (auto& p : parts_) send(ctx, p, ctx.step, true);
-      for (auto& p : parts_) land(ctx, p, 0.0);
+      // run ends with every peer on the same global parameters. Tuned, through the codec that
+      // keeps the run's compute share (pick_last_exchange); the rounds' codecs are back after it.
+      last_exchange_ = pick_last_exchange(ctx);
+      std::vector<Codec> rounds;
+      if (last_exchange_ && last_exchange_->codec != codec_at_)
+        for (auto& p : parts_) {
+          rounds.push_back(std::exchange(p.codec, tune->codecs[last_exchange_->codec]));
+          compress::set_layout(p.codec, p.layout);
+        }
+      const auto restore = [&] {
+        for (std::size_t f = 0; f < rounds.size(); ++f) parts_[f].codec = std::move(rounds[f]);
+      };
+      try {
+        for (auto& p : parts_) send(ctx, p, ctx.step, true);
+        for (auto& p : parts_) land(ctx, p, 0.0);
+      } catch (...) {
+        restore();
+        throw;
+      }
+      restore();
       return;
     }
     if (!picked) return;  // (the probe still runs beside the steps: nothing is sent before the first pick)
@@ -444,6 +468,32 @@ struct streaming_diloco {
     }
   }
 
+  // Tuned: the codec of the run's last exchange (auto_tuning::choose_last_exchange), which
+  // nothing hides: the run has its compute (the run's steps at the slowest replica's seconds per
+  // inner step) over tune->busy to take, less what the rounds' pick left exposed (its predicted
+  // busy share); what remains is the last exchange's. None untuned, before a pick, with the
+  // settings given kept, or alone.
+  template <class Ctx>
+  std::optional<tuning_choice> pick_last_exchange(Ctx& ctx) const {
+    if (!tune || tune->codecs.empty() || choices_.empty() || codec_at_ == own_codec || ctx.replicas.world() <= 1) return std::nullopt;
+    const double rounds_busy = choices_.back().busy > 0 ? choices_.back().busy : tune->busy;
+    const double compute = static_cast<double>(std::max(ctx.run_steps, ctx.step + 1)) * recent_.step_s;
+    const double spare = std::max(0.0, compute / tune->busy - compute / rounds_busy);
+    std::vector<std::size_t> sizes;
+    for (const auto& p : parts_) sizes.push_back(p.size);
+    auto c = tune->choose_last_exchange(recent_, sizes, ctx.replicas.world(), codec_at_, spare, rd_below(ctx));
+    c.step = ctx.step;
+    c.inner_steps = inner_steps;
+    c.overlap = overlap;
+    c.busy = compute > 0 ? compute / (compute / rounds_busy + c.exchange_s) : 1.0;
+    const double rounds_codec_s = exchanges_at_once_seconds(codec, sizes, ctx.replicas.world(), recent_, rd_below(ctx));
+    const auto ms = [](double s) { return std::round(s * 1e3) / 1e3; };  // (printed to the millisecond)
+    c.why = decentrain::detail::concat("the run's last exchange: ", ms(spare), " s to spare",
+                                       c.codec == codec_at_ ? std::string()
+                                                            : decentrain::detail::concat(", ", compress::describe(codec), " would take ",
+                                                                                         ms(rounds_codec_s), " s"));
+    return c;
+  }
   // Sized to speed, after each step but the last: the step's compute counted; after the second
   // (the run's first is cold: counted in neither the measure nor the deadline, every replica
   // took one inner step in it), the speeds go to their agreement on a lane, and the rest of the
@@ -693,7 +743,10 @@ struct streaming_diloco {
       if (static_cast<std::size_t>(at) != codec_at_) codec = offered;
     }
     codec_at_ = at < 0 ? own_codec : static_cast<std::size_t>(at);
-    if (choices_.empty()) choices_.resize(1, tuning_choice{});  // (the pick itself is not in the checkpoint)
+    if (choices_.empty()) choices_.resize(1, tuning_choice{});  // (the pick itself is not in the checkpoint, but its busy share)
+    choices_.back().busy = seconds("comm.streaming_diloco.tune.busy");
+    check(std::isfinite(choices_.back().busy) && choices_.back().busy >= 0 && choices_.back().busy <= 1,
+          "checkpoint: streaming_diloco's tuned busy share ", choices_.back().busy, " is not in [0, 1]");
     pick_tried_ = true;
   }
 
@@ -862,6 +915,7 @@ struct streaming_diloco {
   static constexpr std::size_t own_codec = static_cast<std::size_t>(-1);
   std::size_t codec_at_ = own_codec;
   std::vector<tuning_choice> choices_;
+  std::optional<tuning_choice> last_exchange_;
   bool pick_tried_ = false, tuned_state_ = false;
   bool loaded_while_running_ = false;  // load() took a state into parts_ (see start)
   std::int64_t merges_ = 0;
