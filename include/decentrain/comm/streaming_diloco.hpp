@@ -436,6 +436,11 @@ struct streaming_diloco {
       // run ends with every peer on the same global parameters. Tuned, through the codec that
       // keeps the run's compute share (pick_last_exchange); the rounds' codecs are back after it.
       last_exchange_ = pick_last_exchange(ctx);
+      if (last_exchange_) {  // (from agreed measures; checked, as apply checks a pick: peers set apart fail alike, naming it)
+        const auto pick = decentrain::detail::concat("the last exchange through codec ", last_exchange_->codec, " (", last_exchange_->codec_name, ")");
+        decentrain::detail::check(ctx.replicas.all_same(decentrain::detail::fnv1a(pick)), "streaming_diloco: the replicas picked ",
+                                  "different codecs for the run's last exchange (this one: ", pick, ")");
+      }
       std::vector<Codec> rounds;
       if (last_exchange_ && last_exchange_->codec != codec_at_)
         for (auto& p : parts_) {
@@ -443,10 +448,12 @@ struct streaming_diloco {
           compress::set_layout(p.codec, p.layout);
         }
       const auto restore = [&] {
+        for (auto& p : parts_) p.settle();  // (no lane is left inside a codec it replaces)
         for (std::size_t f = 0; f < rounds.size(); ++f) parts_[f].codec = std::move(rounds[f]);
       };
       try {
-        for (auto& p : parts_) send(ctx, p, ctx.step, true);
+        // (an error feedback's residual of the rounds goes out with it, as adaptive's f32 rounds send it)
+        for (std::size_t f = 0; f < parts_.size(); ++f) send(ctx, parts_[f], ctx.step, true, rounds.empty() ? nullptr : &rounds[f]);
         for (auto& p : parts_) land(ctx, p, 0.0);
       } catch (...) {
         restore();
@@ -753,8 +760,10 @@ struct streaming_diloco {
   // Starts fragment p's exchange of its pseudo-gradient (the outer parameters its round started
   // from, less the local ones), to be merged after step `lands_after`: on a lane thread when
   // `background`, else here, before returning.
+  // `residual_of`: a codec whose error-feedback residual goes into this exchange (the rounds'
+  // codec, where the run's last exchange takes another).
   template <class Ctx>
-  void send(Ctx& ctx, part& p, std::int64_t lands_after, bool background) {
+  void send(Ctx& ctx, part& p, std::int64_t lands_after, bool background, Codec* residual_of = nullptr) {
     gather_values(ctx.parameters, local_);
     p.pseudo_gradient(eager_.empty() ? global_ : eager_, local_, p.buffer);
     p.lands_after = lands_after;
@@ -773,6 +782,8 @@ struct streaming_diloco {
       p.weighed_world = ctx.replicas.world();
       for (auto& v : p.buffer) v *= f;
     }
+    if (residual_of)
+      if constexpr (requires { residual_of->flush_into(std::span<float>(p.buffer)); }) residual_of->flush_into(std::span<float>(p.buffer));
     auto exchange = [&p, weigh = weighs() && !beside](auto& comm) {
       const auto before = comm.traffic().bytes_sent;
       const double t0 = comm.endpoint().stats().clock_seconds;
