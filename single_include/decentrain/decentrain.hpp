@@ -32539,11 +32539,10 @@ struct streaming_diloco {
       // run ends with every peer on the same global parameters. Tuned, through the codec that
       // keeps the run's compute share (pick_last_exchange); the rounds' codecs are back after it.
       last_exchange_ = pick_last_exchange(ctx);
-      if (last_exchange_) {  // (from agreed measures; checked, as apply checks a pick: peers set apart fail alike, naming it)
-        const auto pick = decentrain::detail::concat("the last exchange through codec ", last_exchange_->codec, " (", last_exchange_->codec_name, ")");
-        decentrain::detail::check(ctx.replicas.all_same(decentrain::detail::fnv1a(pick)), "streaming_diloco: the replicas picked ",
-                                  "different codecs for the run's last exchange (this one: ", pick, ")");
-      }
+      if (last_exchange_)  // (from agreed measures; checked: peers set apart fail alike, naming it)
+        check_same_settings(ctx, decentrain::detail::concat("codec ", last_exchange_->codec, " (", last_exchange_->codec_name, ")"),
+                            "streaming_diloco: the replicas picked different codecs for the run's last exchange",
+                            "the same tune and measures (the pick comes from them)");
       std::vector<Codec> rounds;
       if (last_exchange_ && last_exchange_->codec != codec_at_)
         for (auto& p : parts_) {
@@ -32596,12 +32595,11 @@ struct streaming_diloco {
     c.inner_steps = inner_steps;
     c.overlap = overlap;
     c.busy = compute > 0 ? compute / (compute / rounds_busy + c.exchange_s) : 1.0;
-    const double rounds_codec_s = exchanges_at_once_seconds(codec, sizes, ctx.replicas.world(), recent_, rd_below(ctx));
     const auto ms = [](double s) { return std::round(s * 1e3) / 1e3; };  // (printed to the millisecond)
-    c.why = decentrain::detail::concat("the run's last exchange: ", ms(spare), " s to spare",
-                                       c.codec == codec_at_ ? std::string()
-                                                            : decentrain::detail::concat(", ", compress::describe(codec), " would take ",
-                                                                                         ms(rounds_codec_s), " s"));
+    c.why = decentrain::detail::concat("the run's last exchange: ", ms(spare), " s to spare");
+    if (c.codec != codec_at_)
+      c.why += decentrain::detail::concat(", ", compress::describe(codec), " would take ",
+                                          ms(exchanges_at_once_seconds(codec, sizes, ctx.replicas.world(), recent_, rd_below(ctx))), " s");
     return c;
   }
   // Sized to speed, after each step but the last: the step's compute counted; after the second
